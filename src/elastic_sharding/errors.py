@@ -1,0 +1,55 @@
+"""Error types. Every failure the user can act on is one of these, carrying its exit code.
+
+The CLI catches `ElasticShardError` once and prints its one-line message; nothing else in the
+package decides how the process exits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_INCOMPLETE = 1
+EXIT_ERROR = 2
+
+
+class ElasticShardError(Exception):
+    """Base class: a user-facing error with an exit code."""
+
+    exit_code: int = EXIT_ERROR
+
+
+class UsageError(ElasticShardError):
+    """Bad command-line parameters or an impossible combination of them."""
+
+
+class InputError(ElasticShardError):
+    """Rejected input data; names the file and, where there is one, the line."""
+
+    def __init__(self, message: str, path: Path | str | None = None, line: int | None = None):
+        self.path = str(path) if path is not None else None
+        self.line = line
+        where = ""
+        if self.path is not None:
+            where = f"{self.path}:{line}: " if line is not None else f"{self.path}: "
+        super().__init__(f"{where}{message}")
+
+
+class RecipeError(ElasticShardError):
+    """The Data-Juicer recipe cannot be run shard by shard."""
+
+
+class JobStateError(ElasticShardError):
+    """The job directory is missing, foreign, corrupt or in a state that forbids the request."""
+
+
+class VersionMismatchError(ElasticShardError):
+    """This worker's Data-Juicer differs from the one recorded at prepare."""
+
+
+class IntegrityError(ElasticShardError):
+    """A shard input, attempt output or completion record failed validation."""
+
+
+class AttemptFailed(Exception):
+    """One shard attempt failed; the worker records it and applies the retry rules."""

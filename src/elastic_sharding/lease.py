@@ -1,0 +1,311 @@
+"""Shard claims: acquire, heartbeat, observe staleness, take over, fence, finish.
+
+The protocol (DESIGN §3), relying only on create-once publish and rename:
+
+* A claim is `state/locks/<shard>.json`, published create-once with a random token. Only one
+  publisher per name succeeds, so there is at most one live claim per shard (P1).
+* The owner proves it is alive by rewriting `attempts/<shard>/<attempt>/heartbeat.json` with an
+  increasing `seq`. The claim record itself is never rewritten while running, so a heartbeat can
+  never resurrect a claim that was taken over.
+* A claim is stale only when an observer has seen the same (token, seq) for a whole lease on its
+  own `time.monotonic()` (P4, P5): no wall clock or file timestamp is compared across nodes.
+* Takeover renames the claim away under a unique name, checks that it moved the record it judged
+  stale (else links it back), marks the old attempt superseded (create-once), and only then
+  publishes a new claim, which can fail if a third worker was quicker.
+* The owner re-reads its claim at every heartbeat and immediately before publishing; a missing or
+  foreign token fences it: its child is stopped and nothing is published (P3). Completion itself
+  is create-once, so even a fenced owner racing a publish cannot produce a second completion (P2).
+* Terminal status is written into the claim record (P6): a finished shard's claim stays in
+  place with `status: done|failed`, so a claimer never needs a negative lookup to skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+from . import fsops
+from .layout import JobLayout, attempt_files
+from .records import (
+    AttemptRecord,
+    ClaimRecord,
+    CompletionRecord,
+    FailureRecord,
+    Heartbeat,
+    SupersededRecord,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+RUNNING, DONE, FAILED = "running", "done", "failed"
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def new_attempt_id(host: str, token: str) -> str:
+    safe_host = "".join(c if c.isalnum() or c in "_.-" else "_" for c in host)[:80] or "host"
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{safe_host}-{token[:8]}"
+
+
+def read_claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
+    path = layout.lock(shard_id)
+    return fsops.read_record(path, lambda data: decode(ClaimRecord, data, path))
+
+
+def read_heartbeat(attempt_dir: Path) -> Heartbeat | None:
+    path = attempt_files(attempt_dir)["heartbeat"]
+    try:
+        return fsops.read_record(path, lambda data: decode(Heartbeat, data, path), attempts=2)
+    except ValueError:
+        return None
+
+
+def read_attempt(attempt_dir: Path) -> AttemptRecord | None:
+    path = attempt_files(attempt_dir)["record"]
+    try:
+        return fsops.read_record(path, lambda data: decode(AttemptRecord, data, path), attempts=2)
+    except ValueError:
+        return None
+
+
+def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, str | None]:
+    """Failed or superseded attempts of a shard since its last `retry`, with the latest error."""
+    root = layout.attempts_dir(shard_id)
+    failures, last_id, last_error = 0, None, None
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return 0, None, None
+    for name in names:
+        attempt_dir = root / name
+        files = attempt_files(attempt_dir)
+        record = read_attempt(attempt_dir)
+        status = record.status if record else None
+        if status == "succeeded":
+            continue
+        if status == "failed" or files["superseded"].exists():
+            failures += 1
+            last_id = name
+            if record is not None and record.error:
+                last_error = record.error
+            elif files["superseded"].exists():
+                last_error = "worker stopped heartbeating (crashed, hung or cut off); claim taken over"
+    return failures, last_id, last_error
+
+
+class StalenessObserver:
+    """Judges claims stale by watching their heartbeat not change, on this process's own clock."""
+
+    def __init__(self, lease_secs: float):
+        self.lease = lease_secs
+        self._seen: dict[str, tuple[str, int, float]] = {}
+
+    def is_stale(self, shard_id: str, token: str, seq: int) -> bool:
+        now = time.monotonic()
+        seen = self._seen.get(shard_id)
+        if seen is None or seen[0] != token or seen[1] != seq:
+            self._seen[shard_id] = (token, seq, now)
+            return False
+        return now - seen[2] >= self.lease
+
+    def unchanged_for(self, shard_id: str) -> float:
+        seen = self._seen.get(shard_id)
+        return time.monotonic() - seen[2] if seen else 0.0
+
+    def forget(self, shard_id: str) -> None:
+        self._seen.pop(shard_id, None)
+
+
+@dataclass
+class Claim:
+    shard_id: str
+    token: str
+    attempt_id: str
+    record: ClaimRecord
+
+
+class Claims:
+    """Claim operations of one worker process."""
+
+    def __init__(self, layout: JobLayout, host: str | None = None, pid: int | None = None):
+        self.layout = layout
+        self.host = host or socket.gethostname()
+        self.pid = pid or os.getpid()
+
+    def try_claim(self, shard_id: str) -> Claim | None:
+        token = new_token()
+        now = time.time()
+        record = ClaimRecord(
+            shard_id=shard_id,
+            token=token,
+            attempt_id=new_attempt_id(self.host, token),
+            host=self.host,
+            pid=self.pid,
+            claimed_at=now,
+            updated_at=now,
+        )
+        if not fsops.publish_once(self.layout.lock(shard_id), encode(record)):
+            return None
+        return Claim(shard_id, token, record.attempt_id, record)
+
+    def owns(self, claim: Claim) -> bool:
+        try:
+            current = read_claim(self.layout, claim.shard_id)
+        except ValueError:
+            return False
+        return current is not None and current.token == claim.token
+
+    def _move_away(self, shard_id: str, expected_token: str, suffix: str) -> bool:
+        """Rename the claim away if it still carries `expected_token`; restore it otherwise."""
+        lock = self.layout.lock(shard_id)
+        moved = self.layout.stale_lock(shard_id, suffix)
+        if not fsops.rename_away(lock, moved):
+            return False
+        try:
+            record = decode(ClaimRecord, moved.read_bytes(), moved)
+        except (OSError, ValueError):
+            record = None
+        if record is not None and record.token == expected_token:
+            return True
+        if not fsops.link_back(moved, lock):
+            log.warning("claim of %s moved away by mistake and replaced meanwhile; its owner will fence itself", shard_id)
+        return False
+
+    def release(self, claim: Claim) -> bool:
+        """Give a non-terminal claim back (after a failed attempt) so the shard is pending again."""
+        return self._move_away(claim.shard_id, claim.token, f"{claim.token}.released")
+
+    def take_over(self, stale: ClaimRecord, unchanged_secs: float) -> bool:
+        """Remove a claim judged stale; True if this worker removed exactly that claim."""
+        mine = new_token()
+        if not self._move_away(stale.shard_id, stale.token, f"{stale.token}.stale-{mine[:8]}"):
+            return False
+        attempt_dir = self.layout.attempt_dir(stale.shard_id, stale.attempt_id)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        note = SupersededRecord(
+            shard_id=stale.shard_id,
+            attempt_id=stale.attempt_id,
+            by_token=mine,
+            by_host=self.host,
+            by_pid=self.pid,
+            at=time.time(),
+            reason=f"heartbeat unchanged for {unchanged_secs:.1f}s (lease) as observed by {self.host}",
+        )
+        fsops.publish_once(attempt_files(attempt_dir)["superseded"], encode(note))
+        log.warning(
+            "took over stale claim of %s from host=%s pid=%s (attempt %s)", stale.shard_id, stale.host, stale.pid, stale.attempt_id
+        )
+        return True
+
+    def finish(self, claim: Claim, status: str) -> bool:
+        """Write the terminal status into the claim record, if the claim is still ours."""
+        if not self.owns(claim):
+            return False
+        record = replace(claim.record, status=status, updated_at=time.time())
+        fsops.replace_atomic(self.layout.lock(claim.shard_id), encode(record))
+        claim.record = record
+        return True
+
+    def publish_completion(self, claim: Claim, record: CompletionRecord) -> bool:
+        """Create-once completion; refused (False) if the claim is no longer ours (fencing)."""
+        if not self.owns(claim):
+            return False
+        return fsops.publish_once(self.layout.done(claim.shard_id), encode(record))
+
+    def publish_failure(self, shard_id: str, record: FailureRecord) -> bool:
+        return fsops.publish_once(self.layout.failed(shard_id), encode(record))
+
+    def mark_failed_terminal(self, claim: Claim, failures: int, last_attempt: str | None, last_error: str | None) -> None:
+        record = FailureRecord(
+            shard_id=claim.shard_id,
+            failures=failures,
+            last_attempt_id=last_attempt or claim.attempt_id,
+            last_error=last_error or "unknown error",
+            host=self.host,
+            at=time.time(),
+        )
+        self.publish_failure(claim.shard_id, record)
+        self.finish(claim, FAILED)
+
+
+class HeartbeatThread(threading.Thread):
+    """Renews the owner's heartbeat and fences it the moment its claim is gone.
+
+    Ownership is also given up when the heartbeat cannot be written for half a lease (the node is
+    cut off from the shared filesystem): beyond that point another node may take over.
+    """
+
+    def __init__(
+        self,
+        claims: Claims,
+        claim: Claim,
+        attempt_dir: Path,
+        interval: float,
+        lease: float,
+        on_lost: Callable[[str], None],
+    ):
+        super().__init__(name=f"heartbeat-{claim.shard_id}", daemon=True)
+        self.claims = claims
+        self.claim = claim
+        self.path = attempt_files(attempt_dir)["heartbeat"]
+        self.superseded = attempt_files(attempt_dir)["superseded"]
+        self.interval = interval
+        self.lease = lease
+        self.on_lost = on_lost
+        self.seq = 0
+        self.phase = "starting"
+        self.lost_reason: str | None = None
+        self._stop_event = threading.Event()
+
+    def beat(self) -> None:
+        self.seq += 1
+        beat = Heartbeat(token=self.claim.token, seq=self.seq, wall_time=time.time(), phase=self.phase, pid=os.getpid())
+        fsops.replace_atomic(self.path, encode(beat))
+
+    def check(self) -> str | None:
+        if self.superseded.exists():
+            return "this attempt was marked superseded by another worker"
+        try:
+            current = read_claim(self.claims.layout, self.claim.shard_id)
+        except ValueError:
+            return None
+        if current is None:
+            return "the claim record is gone"
+        if current.token != self.claim.token:
+            return f"the claim now belongs to host={current.host} pid={current.pid}"
+        return None
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop_event.wait(self.interval):
+            try:
+                reason = self.check()
+                if reason is None:
+                    self.beat()
+                    last_ok = time.monotonic()
+            except OSError as exc:
+                reason = None
+                if time.monotonic() - last_ok > self.lease / 2:
+                    reason = f"heartbeat failed for over half a lease: {exc}"
+            if reason is not None:
+                self.lost_reason = reason
+                log.error("lost claim of %s: %s; stopping this attempt", self.claim.shard_id, reason)
+                self.on_lost(reason)
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=self.interval + 5)

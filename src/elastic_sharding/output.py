@@ -1,0 +1,147 @@
+"""Collect a runner's output into one validated `processed.jsonl` in input order.
+
+Ray writes a directory of part files (one per block) whose order is not the input order, or a
+0-byte file when every row was filtered out. Every shard row carries its global input index in
+`ROW_KEY`; collecting sorts on it (stably, so a Mapper that emits several rows per input keeps
+their order) and removes it, keeping the rest of each exported line byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from . import fsops
+from .errors import AttemptFailed
+from .records import ROW_KEY
+
+_PREFIX = b'{"' + ROW_KEY.encode() + b'":'
+
+
+@dataclass
+class OutputStats:
+    rows: int
+    bytes: int
+    sha256: str
+
+
+def part_files(ray_output: Path) -> list[Path]:
+    if not ray_output.exists():
+        raise AttemptFailed(f"the runner produced no output at {ray_output}")
+    if ray_output.is_file():
+        if ray_output.stat().st_size:
+            return [ray_output]
+        return []
+    return sorted(p for p in ray_output.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
+    """Return (row index, the exported line without the ordering field)."""
+    if line.startswith(_PREFIX):
+        end = line.find(b",", len(_PREFIX))
+        if end == -1:
+            end = line.find(b"}", len(_PREFIX))
+        number = line[len(_PREFIX) : end]
+        if number.isdigit():
+            rest = line[end + 1 :] if line[end : end + 1] == b"," else line[end:]
+            return int(number), b"{" + rest
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise AttemptFailed(f"{where}: output is not valid JSON: {exc.msg}") from None
+    if not isinstance(row, dict):
+        raise AttemptFailed(f"{where}: output row is not a JSON object")
+    index = row.pop(ROW_KEY, None)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise AttemptFailed(
+            f"{where}: output row lost the ordering field {ROW_KEY!r} (an operator dropped unknown fields?)"
+        )
+    return index, orjson.dumps(row)
+
+
+def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator[tuple[int, int, int, bytes]]:
+    with open(part, "rb", buffering=1 << 20) as handle:
+        for lineno, line in enumerate(handle, 1):
+            line = line.rstrip(b"\r\n")
+            if not line:
+                continue
+            where = f"{part.name}:{lineno}"
+            index, body = strip_row_key(line, where)
+            if not first_row <= index < last_row:
+                raise AttemptFailed(f"{where}: row index {index} is outside this shard ({first_row}..{last_row - 1})")
+            try:
+                valid = isinstance(orjson.loads(body), dict)
+            except orjson.JSONDecodeError as exc:
+                raise AttemptFailed(f"{where}: output is not valid JSON: {exc.msg}") from None
+            if not valid:
+                raise AttemptFailed(f"{where}: output row is not a JSON object")
+            yield index, rank, lineno, body
+
+
+def _write(processed: Path, rows: Iterable[tuple[int, int, int, bytes]]) -> OutputStats:
+    """Write rows that must arrive in (index, part, line) order; raises _OutOfOrder otherwise."""
+    digest = hashlib.sha256()
+    size = count = 0
+    previous = (-1, -1, -1)
+    with fsops.atomic_output(processed) as out:
+        for index, rank, lineno, body in rows:
+            key = (index, rank, lineno)
+            if key < previous:
+                raise _OutOfOrder
+            previous = key
+            data = body + b"\n"
+            out.file.write(data)
+            digest.update(data)
+            size += len(data)
+            count += 1
+        out.commit()
+    return OutputStats(rows=count, bytes=size, sha256=digest.hexdigest())
+
+
+class _OutOfOrder(Exception):
+    pass
+
+
+def collect(ray_output: Path, processed: Path, first_row: int, rows: int) -> OutputStats:
+    """Write `processed` (atomically) from Ray's part files, validated and in input order.
+
+    Rows inside one part file come in input order, so a streaming k-way merge of the parts
+    suffices and memory stays constant; should a part ever be out of order internally, the
+    collector falls back to sorting the whole shard in memory.
+    """
+    parts = part_files(ray_output)
+    last_row = first_row + rows
+    streams = [_read_part(part, rank, first_row, last_row) for rank, part in enumerate(parts)]
+    try:
+        return _write(processed, heapq.merge(*streams))
+    except _OutOfOrder:
+        everything = sorted(row for rank, part in enumerate(parts) for row in _read_part(part, rank, first_row, last_row))
+        return _write(processed, everything)
+
+
+def file_stats(path: Path) -> OutputStats:
+    """Re-read a JSONL file: rows, bytes and sha256; every line must be a JSON object."""
+    digest = hashlib.sha256()
+    rows = size = 0
+    with open(path, "rb", buffering=1 << 20) as handle:
+        for lineno, line in enumerate(handle, 1):
+            digest.update(line)
+            size += len(line)
+            rows += 1
+            if not line.endswith(b"\n"):
+                raise ValueError(f"{path}:{lineno}: truncated (no newline at end)")
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}:{lineno}: not a JSON object")
+    if size != os.path.getsize(path):
+        raise ValueError(f"{path}: changed while being read")
+    return OutputStats(rows, size, digest.hexdigest())

@@ -1,0 +1,424 @@
+"""prepare: validate the recipe and input, split the input into fixed shards, publish the job.
+
+Two streaming passes over the input. Pass one validates every line, fingerprints every file,
+learns the union schema and the total normalized size. Pass two re-reads (detecting any change
+since pass one), writes each row in normalized form, and cuts exactly `num_shards` contiguous,
+non-empty shards balanced by normalized bytes. Everything is written into a private staging
+directory that is renamed onto the job directory only when complete: a failed prepare leaves
+no job directory behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import secrets
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import fsops
+from .engine import engine_identity
+from .errors import InputError, JobStateError, UsageError
+from .jsonl import HashingLineReader, parse_object
+from .layout import STATE_DIRS, JobLayout
+from .normalize import RowNormalizer, SchemaNode
+from .recipe import Recipe, dump_config, load_recipe, read_recipe
+from .records import (
+    FORMAT_VERSION,
+    ROW_KEY,
+    InputFile,
+    Manifest,
+    Request,
+    Settings,
+    ShardSpec,
+    encode,
+    shard_id_for,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrepareRequest:
+    config: Path
+    dataset_path: Path | None
+    job_dir: Path
+    num_shards: int
+    settings: Settings
+
+
+@dataclass
+class PrepareResult:
+    manifest: Manifest
+    created: bool
+
+
+def validate_settings(settings: Settings) -> None:
+    if settings.lock_timeout_secs <= 0:
+        raise UsageError("--lock-timeout-secs must be positive")
+    if settings.max_retries < 0:
+        raise UsageError("--max-retries must be zero or more")
+    if settings.poll_interval_secs <= 0:
+        raise UsageError("--poll-interval-secs must be positive")
+    if settings.heartbeat_interval_secs <= 0:
+        raise UsageError("--heartbeat-interval-secs must be positive")
+    if settings.heartbeat_interval_secs * 2 > settings.lock_timeout_secs:
+        raise UsageError(
+            f"--heartbeat-interval-secs ({settings.heartbeat_interval_secs:g}) must be at most half of "
+            f"--lock-timeout-secs ({settings.lock_timeout_secs:g}) so a live claim always shows a heartbeat within one lease"
+        )
+    if not settings.ray_address:
+        raise UsageError("--ray-address must not be empty")
+
+
+def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
+    try:
+        st = dataset.stat()
+    except OSError as exc:
+        raise InputError(f"cannot access dataset: {exc.strerror or exc}", dataset) from None
+    if dataset.is_file():
+        if dataset.suffix != ".jsonl":
+            raise InputError("not a .jsonl file (inputs are .jsonl files or directories of them)", dataset)
+        return "file", dataset.parent, [dataset]
+    if not dataset.is_dir():
+        raise InputError(f"not a regular file or directory (mode {st.st_mode:o})", dataset)
+    found: list[tuple[str, Path]] = []
+    skipped = 0
+
+    def on_error(exc: OSError) -> None:
+        raise InputError(f"cannot list directory: {exc.strerror or exc}", exc.filename or dataset)
+
+    for dirpath, dirnames, filenames in os.walk(dataset, onerror=on_error, followlinks=False):
+        dirnames.sort()
+        for name in filenames:
+            path = Path(dirpath) / name
+            if name.endswith(".jsonl"):
+                found.append((path.relative_to(dataset).as_posix(), path))
+            else:
+                skipped += 1
+    if skipped:
+        log.warning("ignoring %d file(s) under %s that do not end in .jsonl", skipped, dataset)
+    if not found:
+        raise InputError("directory contains no .jsonl files", dataset)
+    found.sort(key=lambda item: item[0])
+    return "dir", dataset, [path for _, path in found]
+
+
+class _Pass:
+    """One streaming pass over all input files, yielding normalized rows with their weights."""
+
+    def __init__(self, files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer):
+        self.files = files
+        self.base_of = base_of
+        self.normalizer = normalizer
+        self.readers: list[HashingLineReader] = []
+
+    def rows(self) -> Iterator[tuple[Path, int, dict[str, Any], int]]:
+        global_index = 0
+        for path in self.files:
+            reader = HashingLineReader(path)
+            self.readers.append(reader)
+            base = self.base_of[path]
+            for lineno, line in reader:
+                row = parse_object(line, path, lineno)
+                row = self.normalizer.normalize(row, base, global_index, path, lineno)
+                weight = len(orjson.dumps(row)) + 1
+                yield path, lineno, row, weight
+                global_index += 1
+
+
+def _relpath(path: Path, kind: str, root: Path) -> str:
+    return path.relative_to(root).as_posix() if kind == "dir" else path.name
+
+
+def _fingerprint(path: Path, reader: HashingLineReader, kind: str, root: Path) -> InputFile:
+    st = path.stat()
+    return InputFile(
+        path=str(path),
+        relpath=_relpath(path, kind, root),
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        sha256=reader.sha256.hexdigest(),
+        rows=reader.lines,
+    )
+
+
+def _same_request(existing: Manifest, request: Request, inputs_now: list[InputFile]) -> str | None:
+    """Return why `existing` differs from this request, or None if it is the same request."""
+    old = existing.request
+    if old.config_sha256 != request.config_sha256:
+        return "the recipe changed"
+    if old.dataset_path != request.dataset_path:
+        return f"the dataset path differs ({old.dataset_path} vs {request.dataset_path})"
+    if old.num_shards != request.num_shards:
+        return f"--num-shards differs ({old.num_shards} vs {request.num_shards})"
+    if old.settings != request.settings:
+        return "the claim/retry/poll/Ray settings differ"
+    before = [(f.relpath, f.size, f.mtime_ns) for f in existing.inputs]
+    now = [(f.relpath, f.size, f.mtime_ns) for f in inputs_now]
+    if before != now:
+        return "the input files changed (names, sizes or modification times)"
+    return None
+
+
+def _check_existing(job: JobLayout, request: Request, dataset: Path) -> Manifest | None:
+    if not job.root.exists() and not job.root.is_symlink():
+        return None
+    if not job.manifest.is_file():
+        raise JobStateError(f"{job.root} exists and is not a prepared job directory; choose a new --job-dir")
+    existing = job.load_manifest()
+    kind, root, files = _discover(dataset)
+    current = []
+    for path in files:
+        st = path.stat()
+        current.append(InputFile(str(path), _relpath(path, kind, root), st.st_size, st.st_mtime_ns, "", 0))
+    why = _same_request(existing, request, current)
+    if why is None:
+        return existing
+    raise JobStateError(
+        f"{job.root} already holds a different job: {why}. Use a new --job-dir for a new run "
+        "(a job directory belongs to one recipe, input, shard count and Ray address)"
+    )
+
+
+def _check_locations(job_dir: Path, dataset: Path) -> None:
+    job_abs = Path(os.path.abspath(job_dir))
+    data_abs = Path(os.path.abspath(dataset))
+    if data_abs.is_dir() and (job_abs == data_abs or data_abs in job_abs.parents):
+        raise UsageError(f"--job-dir {job_dir} is inside the dataset directory {dataset}; put the job directory elsewhere")
+    if job_abs in data_abs.parents:
+        raise UsageError(f"the dataset {dataset} is inside --job-dir {job_dir}; put the job directory elsewhere")
+
+
+def prepare(req: PrepareRequest) -> PrepareResult:
+    validate_settings(req.settings)
+    if req.num_shards < 1:
+        raise UsageError("--num-shards must be at least 1")
+    base = Path.cwd()
+    config_path = Path(os.path.abspath(req.config))
+    raw_config, config_sha = read_recipe(config_path)
+    dataset_value = req.dataset_path if req.dataset_path is not None else raw_config.get("dataset_path")
+    if not dataset_value:
+        raise UsageError(f"{config_path}: the recipe has no dataset_path; pass --dataset-path")
+    if not isinstance(dataset_value, (str, Path)):
+        raise UsageError(f"{config_path}: dataset_path must be a path string")
+    dataset = Path(os.path.abspath(base / dataset_value))
+    job = JobLayout(Path(os.path.abspath(req.job_dir)))
+    _check_locations(job.root, dataset)
+    request = Request(
+        config_path=str(config_path),
+        config_sha256=config_sha,
+        dataset_path=str(dataset),
+        num_shards=req.num_shards,
+        settings=req.settings,
+    )
+    existing = _check_existing(job, request, dataset)
+    if existing is not None:
+        log.info("job %s is already prepared with this exact request: nothing to do", job.root)
+        return PrepareResult(existing, created=False)
+
+    recipe = load_recipe(config_path, base)
+    for warning in recipe.warnings:
+        log.warning("%s", warning)
+    kind, root, files = _discover(dataset)
+    if not job.root.parent.is_dir():
+        raise UsageError(f"the parent directory of --job-dir does not exist: {job.root.parent}")
+    stage = job.root.parent / f".{job.root.name}.staging-{secrets.token_hex(4)}"
+    stage.mkdir()
+    try:
+        manifest = _build(stage, job, request, recipe, kind, root, files)
+        if not fsops.rename_dir(stage, job.root):
+            existing = _check_existing(job, request, dataset)
+            if existing is None:
+                raise JobStateError(f"could not publish {job.root}")
+            shutil.rmtree(stage, ignore_errors=True)
+            return PrepareResult(existing, created=False)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    log.info(
+        "prepared %s: %d rows from %d file(s) in %d shard(s)", job.root, manifest.total_rows, len(files), len(manifest.shards)
+    )
+    return PrepareResult(manifest, created=True)
+
+
+def _build(
+    stage: Path, job: JobLayout, request: Request, recipe: Recipe, kind: str, root: Path, files: list[Path]
+) -> Manifest:
+    base_of = {path: str(root) for path in files}
+    normalizer = RowNormalizer(tuple(recipe.media_keys), recipe.index_key, ROW_KEY)
+
+    log.info("pass 1/2: validating %d input file(s) under %s", len(files), root)
+    schema = SchemaNode()
+    first = _Pass(files, base_of, normalizer)
+    total_weight = 0
+    total_rows = 0
+    for path, lineno, row, weight in first.rows():
+        schema.add(row, "", f"{path}:{lineno}")
+        total_weight += weight
+        total_rows += 1
+    inputs = [_fingerprint(path, reader, kind, root) for path, reader in zip(files, first.readers)]
+    if total_rows == 0:
+        raise InputError("the input has no rows", root if kind == "dir" else files[0])
+    if request.num_shards > total_rows:
+        raise UsageError(f"--num-shards {request.num_shards} exceeds the number of input rows ({total_rows})")
+    warnings = list(recipe.warnings)
+    int_nulls = schema.int_null_fields()
+    if int_nulls:
+        warnings.append(
+            "integer field(s) null or missing in some rows: " + ", ".join(int_nulls[:5])
+            + " - Ray's JSON export writes them as floats in blocks that hold a null"
+        )
+        log.warning("%s", warnings[-1])
+
+    layout = JobLayout(stage)
+    for sub in (layout.shards_dir, layout.cache_dir, layout.attempts_root, layout.state):
+        sub.mkdir()
+    for name in STATE_DIRS:
+        (layout.state / name).mkdir()
+
+    log.info("pass 2/2: writing %d shard(s)", request.num_shards)
+    shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, schema, total_rows, total_weight)
+    second_readers = shards.readers
+    for before, path, reader in zip(inputs, files, second_readers):
+        st = path.stat()
+        if reader.sha256.hexdigest() != before.sha256 or st.st_size != before.size or st.st_mtime_ns != before.mtime_ns:
+            raise InputError("changed while prepare was reading it; rerun prepare when the input is stable", path)
+
+    config = dict(recipe.config)
+    config["dataset_path"] = str(Path(request.dataset_path))
+    recipe_bytes = dump_config(config)
+    layout.recipe.write_bytes(recipe_bytes)
+    identity = engine_identity()
+    manifest = Manifest(
+        format_version=FORMAT_VERSION,
+        job_id=secrets.token_hex(8),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created_on=socket.gethostname(),
+        request=request,
+        recipe_sha256=hashlib.sha256(recipe_bytes).hexdigest(),
+        recipe_file="recipe.yaml",
+        data_juicer_version=identity.data_juicer_version,
+        data_juicer_commit=identity.data_juicer_commit,
+        ray_version=identity.ray_version,
+        python_version=f"{platform.python_implementation()} {sys.version.split()[0]}",
+        dataset_kind=kind,
+        dataset_root=str(root if kind == "dir" else files[0]),
+        inputs=inputs,
+        total_rows=total_rows,
+        total_bytes=shards.total_bytes,
+        normalized_sha256=shards.normalized.hexdigest(),
+        index_key=recipe.index_key,
+        media_keys=list(recipe.media_keys),
+        shards=shards.specs,
+        warnings=warnings,
+    )
+    layout.manifest.write_bytes(encode(manifest))
+    for path in (layout.manifest, layout.recipe):
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    return manifest
+
+
+class _ShardWriter:
+    """Cuts the row stream into exactly `count` contiguous non-empty shards by weight."""
+
+    def __init__(self, layout: JobLayout, count: int, total_rows: int, total_weight: int):
+        self.layout = layout
+        self.count = count
+        self.total_rows = total_rows
+        self.total_weight = total_weight
+        self.specs: list[ShardSpec] = []
+        self.normalized = hashlib.sha256()
+        self.total_bytes = 0
+        self.readers: list[HashingLineReader] = []
+        self._open(0, 0)
+
+    def _open(self, index: int, first_row: int) -> None:
+        self.index = index
+        self.first_row = first_row
+        self.rows = 0
+        self.bytes = 0
+        self.sha = hashlib.sha256()
+        shard_id = shard_id_for(index, self.count)
+        self.path = self.layout.shards_dir / f"{shard_id}.jsonl"
+        self.handle = open(self.path, "wb", buffering=1 << 20)
+
+    def _close(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        shard_id = shard_id_for(self.index, self.count)
+        self.specs.append(
+            ShardSpec(
+                shard_id=shard_id,
+                index=self.index,
+                path=f"shards/{shard_id}.jsonl",
+                first_row=self.first_row,
+                rows=self.rows,
+                bytes=self.bytes,
+                sha256=self.sha.hexdigest(),
+            )
+        )
+
+    def write(self, row_index: int, line: bytes, cumulative_weight: int) -> None:
+        self.handle.write(line)
+        self.sha.update(line)
+        self.normalized.update(line)
+        self.rows += 1
+        self.bytes += len(line)
+        self.total_bytes += len(line)
+        if self.index == self.count - 1:
+            return
+        rows_left = self.total_rows - row_index - 1
+        shards_left = self.count - self.index - 1
+        boundary = self.total_weight * (self.index + 1) / self.count
+        if rows_left == shards_left or (cumulative_weight >= boundary and rows_left > shards_left):
+            self._close()
+            self._open(self.index + 1, row_index + 1)
+
+    def finish(self) -> None:
+        self._close()
+        if len(self.specs) != self.count:
+            raise AssertionError(f"wrote {len(self.specs)} shards, expected {self.count}")
+
+
+def _write_shards(
+    layout: JobLayout,
+    count: int,
+    files: list[Path],
+    base_of: dict[Path, str],
+    normalizer: RowNormalizer,
+    schema: SchemaNode,
+    total_rows: int,
+    total_weight: int,
+) -> _ShardWriter:
+    writer = _ShardWriter(layout, count, total_rows, total_weight)
+    second = _Pass(files, base_of, normalizer)
+    cumulative = 0
+    row_index = -1
+    try:
+        for row_index, (_path, _lineno, row, weight) in enumerate(second.rows()):
+            if row_index >= total_rows:
+                raise InputError("gained rows while prepare was reading it", _path, _lineno)
+            cumulative += weight
+            shaped = {ROW_KEY: row_index}
+            shaped.update(schema.shape(row))
+            writer.write(row_index, orjson.dumps(shaped) + b"\n", cumulative)
+    except InputError as exc:
+        raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
+    if row_index + 1 != total_rows:
+        raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", files[-1])
+    writer.finish()
+    writer.readers = second.readers
+    return writer

@@ -1,0 +1,182 @@
+"""Load a Data-Juicer recipe and decide whether it can run shard by shard.
+
+Validation goes through Data-Juicer's own operator registry (after loading the recipe's custom
+operators), so a recipe is judged by what the engine would really run, not by name patterns.
+Relative paths in the recipe are made absolute against the directory `prepare` runs in, so
+workers started anywhere run the same recipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+MEDIA_KEY_DEFAULTS = {"image_key": "images", "audio_key": "audios", "video_key": "videos"}
+PATH_SUFFIXES = ("_path", "_dir", "_file", "_paths", "_dirs")
+GLOBAL_KINDS = ("Deduplicator", "Selector", "Grouper", "Aggregator", "Pipeline")
+
+
+@dataclass
+class Recipe:
+    source: Path
+    sha256: str
+    config: dict[str, Any]
+    media_keys: list[str]
+    index_key: str | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[tuple[str, dict[str, Any]]]:
+        return [_op_entry(item, i) for i, item in enumerate(self.config["process"])]
+
+
+
+def dump_config(config: dict[str, Any]) -> bytes:
+    return yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode()
+
+
+def _op_entry(item: Any, position: int) -> tuple[str, dict[str, Any]]:
+    if isinstance(item, str):
+        return item, {}
+    if isinstance(item, dict) and len(item) == 1:
+        ((name, params),) = item.items()
+        if params is None:
+            params = {}
+        if isinstance(name, str) and isinstance(params, dict):
+            return name, params
+    raise RecipeError(f"process[{position}] must be an operator name or a one-key mapping of name to parameters")
+
+
+def read_recipe(path: Path) -> tuple[dict[str, Any], str]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}") from None
+    try:
+        config = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise RecipeError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(config, dict):
+        raise RecipeError(f"{path}: a recipe must be a YAML mapping")
+    return config, hashlib.sha256(raw).hexdigest()
+
+
+def _absolute(value: str, base: Path) -> str:
+    if not value or "://" in value or os.path.isabs(value):
+        return value
+    return str((base / value).resolve())
+
+
+def _resolve_paths(config: dict[str, Any], base: Path) -> None:
+    for key in ("dataset_path", "export_path", "work_dir"):
+        if isinstance(config.get(key), str):
+            config[key] = _absolute(config[key], base)
+    paths = config.get("custom_operator_paths")
+    if isinstance(paths, str):
+        paths = [paths]
+    if paths:
+        config["custom_operator_paths"] = [_absolute(str(p), base) for p in paths]
+    for item in config.get("process") or []:
+        if not isinstance(item, dict) or len(item) != 1:
+            continue
+        params = next(iter(item.values()))
+        if not isinstance(params, dict):
+            continue
+        for key, value in params.items():
+            if not isinstance(value, str) or not value:
+                continue
+            looks_like_path = key.endswith(PATH_SUFFIXES)
+            existing_local = (key.startswith("hf_") or "model" in key) and (base / value).exists()
+            if looks_like_path or existing_local:
+                params[key] = _absolute(value, base)
+
+
+def load_recipe(path: Path, base: Path) -> Recipe:
+    """Read, resolve and validate a recipe (imports Data-Juicer)."""
+    config, sha = read_recipe(path)
+    _resolve_paths(config, base)
+    recipe = Recipe(source=path, sha256=sha, config=config, media_keys=[], index_key=None)
+    validate(recipe)
+    return recipe
+
+
+def validate(recipe: Recipe) -> None:
+    config = recipe.config
+    where = str(recipe.source)
+    executor = config.get("executor_type", "default")
+    if executor not in ("default", "ray"):
+        raise RecipeError(f"{where}: executor_type {executor!r} is not supported; use 'default' or 'ray' (workers always run Ray)")
+    if "process" not in config:
+        raise RecipeError(f"{where}: the recipe has no 'process' list; list the Mapper/Filter operators explicitly")
+    process = config["process"]
+    if not isinstance(process, list) or not process:
+        raise RecipeError(f"{where}: 'process' must be a non-empty list of operators")
+    if config.get("stats_export_path"):
+        raise RecipeError(f"{where}: stats_export_path is not allowed: every shard would write the same statistics file")
+    if "skip_op_error" in config:
+        recipe.warnings.append(
+            f"recipe sets skip_op_error: {config['skip_op_error']}; "
+            + ("rows whose operator raises are DROPPED silently" if config["skip_op_error"] else "an operator error fails the attempt")
+        )
+    for key, default in MEDIA_KEY_DEFAULTS.items():
+        value = config.get(key, default)
+        if not isinstance(value, str) or not value:
+            raise RecipeError(f"{where}: {key} must be a field name")
+        recipe.media_keys.append(value)
+
+    registry, kinds = _operator_registry(config.get("custom_operator_paths") or [], where)
+    from data_juicer.core.executor.dag_execution_strategies import is_global_operation
+
+    index_keys = set()
+    for position, (name, params) in enumerate(recipe.ops):
+        label = f"{where}: process[{position}] {name}"
+        cls = registry.get(name)
+        if cls is None:
+            raise RecipeError(f"{label}: unknown operator (not in Data-Juicer's registry; check the name or custom_operator_paths)")
+        for kind_name in GLOBAL_KINDS:
+            if issubclass(cls, kinds[kind_name]):
+                raise RecipeError(f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard")
+        if is_global_operation(cls):
+            raise RecipeError(f"{label}: is a global operation that needs the whole dataset")
+        if not issubclass(cls, (kinds["Mapper"], kinds["Filter"])):
+            raise RecipeError(f"{label}: only Mapper and Filter operators are shard-safe")
+        if "ray" not in getattr(cls, "_supported_exec_modes", ("ray",)):
+            raise RecipeError(f"{label}: does not support Data-Juicer's Ray executor")
+        if params.get("stats_export_path"):
+            raise RecipeError(f"{label}: stats_export_path is not allowed: every shard would write the same statistics file")
+        if params.get("save_dir"):
+            recipe.warnings.append(f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards")
+        if params.get("index_key"):
+            index_keys.add(params["index_key"])
+    if len(index_keys) > 1:
+        raise RecipeError(f"{where}: operators declare different index_key values {sorted(index_keys)}; use one")
+    recipe.index_key = index_keys.pop() if index_keys else None
+
+
+def _operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
+    from data_juicer.ops import OPERATORS, base_op
+
+    if custom_paths:
+        from data_juicer.config.config import load_custom_operators
+
+        missing = [p for p in custom_paths if not os.path.exists(p)]
+        if missing:
+            raise RecipeError(f"{where}: custom_operator_paths entry does not exist: {missing[0]}")
+        try:
+            load_custom_operators(custom_paths)
+        except Exception as exc:  # noqa: BLE001 - user code: any error is a recipe error
+            raise RecipeError(f"{where}: cannot load custom operators: {exc}") from None
+    kinds = {name: getattr(base_op, name) for name in ("Mapper", "Filter", *GLOBAL_KINDS)}
+    return OPERATORS.modules, kinds

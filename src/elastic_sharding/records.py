@@ -1,0 +1,272 @@
+"""On-disk records of a job directory, as dataclasses, and their JSON encoding.
+
+Every record is written whole (create-once or atomic replace, see `fsops`), so a reader sees
+either nothing or a complete record. Decoding validates types and names the file on error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+
+from .errors import JobStateError
+
+FORMAT_VERSION = 1
+ROW_KEY = "__elastic_row__"
+SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
+ATTEMPT_ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]{1,80}-[0-9a-f]{8}$")
+TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
+
+R = TypeVar("R")
+
+
+def shard_id_for(index: int, count: int) -> str:
+    return f"part-{index:05d}-of-{count:05d}"
+
+
+def encode(record: Any) -> bytes:
+    return orjson.dumps(dataclasses.asdict(record), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list")
+        (item_tp,) = typing.get_args(tp)
+        return [_convert(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ValueError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def from_dict(cls: type[R], data: Any, where: str = "record") -> R:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{where}: missing field {f.name!r}")
+    return cls(**kwargs)
+
+
+def decode(cls: type[R], data: bytes, path: Path | str) -> R:
+    """Decode a record; a malformed one raises ValueError naming `path` (retried by readers)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    return from_dict(cls, obj, str(path))
+
+
+def load(cls: type[R], path: Path) -> R:
+    """Read a required record; a missing or corrupt one is a job-state error."""
+    try:
+        return decode(cls, path.read_bytes(), path)
+    except FileNotFoundError:
+        raise JobStateError(f"{path}: missing") from None
+    except ValueError as exc:
+        raise JobStateError(f"corrupt record {exc}") from None
+
+
+@dataclass
+class InputFile:
+    path: str
+    relpath: str
+    size: int
+    mtime_ns: int
+    sha256: str
+    rows: int
+
+
+@dataclass
+class ShardSpec:
+    shard_id: str
+    index: int
+    path: str
+    first_row: int
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Settings:
+    """Defaults a worker uses unless its command line overrides them."""
+
+    lock_timeout_secs: float
+    max_retries: int
+    poll_interval_secs: float
+    heartbeat_interval_secs: float
+    ray_address: str
+
+
+@dataclass
+class Request:
+    """What was asked of `prepare`; an identical request on an existing job is a no-op."""
+
+    config_path: str
+    config_sha256: str
+    dataset_path: str
+    num_shards: int
+    settings: Settings
+
+
+@dataclass
+class Manifest:
+    format_version: int
+    job_id: str
+    created_at: str
+    created_on: str
+    request: Request
+    recipe_sha256: str
+    recipe_file: str
+    data_juicer_version: str
+    data_juicer_commit: str | None
+    ray_version: str
+    python_version: str
+    dataset_kind: str
+    dataset_root: str
+    inputs: list[InputFile]
+    total_rows: int
+    total_bytes: int
+    normalized_sha256: str
+    index_key: str | None
+    media_keys: list[str]
+    shards: list[ShardSpec]
+    warnings: list[str] = field(default_factory=list)
+
+    def shard(self, shard_id: str) -> ShardSpec:
+        for spec in self.shards:
+            if spec.shard_id == shard_id:
+                return spec
+        raise KeyError(shard_id)
+
+
+@dataclass
+class ClaimRecord:
+    """The claim (lock) of one shard. `status` becomes terminal in place (P6)."""
+
+    shard_id: str
+    token: str
+    attempt_id: str
+    host: str
+    pid: int
+    claimed_at: float
+    status: str = "running"  # running | done | failed
+    updated_at: float = 0.0
+
+
+@dataclass
+class Heartbeat:
+    """Rewritten by the claim owner every heartbeat; observers watch `seq` change."""
+
+    token: str
+    seq: int
+    wall_time: float
+    phase: str
+    pid: int
+
+
+@dataclass
+class AttemptRecord:
+    shard_id: str
+    attempt_id: str
+    token: str
+    host: str
+    pid: int
+    runner: str
+    started_at: float
+    status: str = "running"  # running | succeeded | failed | fenced | superseded
+    finished_at: float | None = None
+    error: str | None = None
+    input_rows: int = 0
+    output_rows: int | None = None
+    output_bytes: int | None = None
+    output_sha256: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass
+class SupersededRecord:
+    """Written (create-once) into an attempt dir by the worker that took its claim over."""
+
+    shard_id: str
+    attempt_id: str
+    by_token: str
+    by_host: str
+    by_pid: int
+    at: float
+    reason: str
+
+
+@dataclass
+class CompletionRecord:
+    shard_id: str
+    attempt_id: str
+    token: str
+    host: str
+    pid: int
+    input_rows: int
+    input_sha256: str
+    output_rows: int
+    output_bytes: int
+    output_sha256: str
+    started_at: float
+    finished_at: float
+
+
+@dataclass
+class FailureRecord:
+    shard_id: str
+    failures: int
+    last_attempt_id: str
+    last_error: str
+    host: str
+    at: float
+
+
+@dataclass
+class MergeShard:
+    shard_id: str
+    attempt_id: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class MergeRecord:
+    output: str
+    rows: int
+    bytes: int
+    sha256: str
+    merged_at: float
+    host: str
+    shards: list[MergeShard]

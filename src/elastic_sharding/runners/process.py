@@ -1,0 +1,124 @@
+"""The process runner: one fresh `dj-process` (Ray executor, node-local Ray) per attempt.
+
+Maximal isolation at the price of Ray start-up per attempt. The child runs in its own session
+so the whole process tree (driver, raylet, Ray workers) can be stopped at once, and it dies with
+the worker (PR_SET_PDEATHSIG) so a killed worker never leaves an orphan still writing output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ..errors import AttemptFailed
+from .base import AttemptContext
+
+log = logging.getLogger(__name__)
+
+DJ_ENTRY = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
+STOP_GRACE_SECS = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE_SECS) -> None:
+    """SIGTERM the child's whole process group, then SIGKILL what is left after `grace`."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def last_error_line(log_path: Path) -> str:
+    """The most telling line of a failed run's log, for status and failure records."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(log_path) - 64 * 1024))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return "no log"
+    keywords = ("Error", "error:", "Exception", "Traceback")
+    for line in reversed(lines):
+        text = line.strip()
+        if text and any(k in text for k in keywords) and not text.startswith("Traceback"):
+            return text[:500]
+    for line in reversed(lines):
+        if line.strip():
+            return line.strip()[:500]
+    return "no output"
+
+
+class ProcessRunner:
+    name = "process"
+
+    def run(self, ctx: AttemptContext) -> None:
+        command = [sys.executable, "-c", DJ_ENTRY, "--config", str(ctx.recipe_path)]
+        env = dict(os.environ)
+        env.update(ctx.env)
+        with open(ctx.log_path, "ab") as log_file:
+            log_file.write(f"# {' '.join(command)}\n".encode())
+            log_file.flush()
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=str(ctx.attempt_dir),
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        ctx.set_phase("processing")
+        stopped = threading.Event()
+
+        def stop(reason: str) -> None:
+            if not stopped.is_set():
+                stopped.set()
+                log.warning("stopping %s child pid=%d: %s", ctx.shard_id, proc.pid, reason)
+                stop_process_group(proc)
+
+        ctx.on_stop(stop)
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if ctx.stop_reason() is not None:
+                        stop(ctx.stop_reason() or "stopped")
+        finally:
+            if proc.poll() is None:
+                stop("worker is leaving")
+            else:
+                # Ray helpers may outlive the driver briefly; the group must not leak.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if ctx.stop_reason() is not None:
+            raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+        if code != 0:
+            raise AttemptFailed(f"dj-process exited with code {code}: {last_error_line(ctx.log_path)}")

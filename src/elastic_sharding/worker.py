@@ -1,0 +1,371 @@
+"""worker: claim shards until the job is complete, failed, or `--max-shards` is reached.
+
+One attempt at a time. Each attempt runs in an isolated `attempts/<shard>/<attempt>/` directory;
+its output is published only after it was collected, validated and the claim re-checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import fsops
+from .engine import engine_identity
+from .errors import EXIT_ERROR, EXIT_OK, AttemptFailed, JobStateError, VersionMismatchError
+from .layout import JobLayout, attempt_files
+from .lease import (
+    DONE,
+    FAILED,
+    Claim,
+    Claims,
+    HeartbeatThread,
+    StalenessObserver,
+    count_failures,
+    read_claim,
+    read_heartbeat,
+)
+from .output import collect
+from .prepare import validate_settings
+from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode
+from .runners import AttemptContext, Runner, get_runner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerOptions:
+    max_shards: int | None = None
+    lock_timeout_secs: float | None = None
+    max_retries: int | None = None
+    poll_interval_secs: float | None = None
+    heartbeat_interval_secs: float | None = None
+    ray_address: str | None = None
+    allow_version_mismatch: bool = False
+    runner: str = "process"
+
+
+def effective_settings(manifest: Manifest, options: WorkerOptions) -> Settings:
+    settings = manifest.request.settings
+    overrides = {
+        key: getattr(options, key)
+        for key in ("lock_timeout_secs", "max_retries", "poll_interval_secs", "heartbeat_interval_secs", "ray_address")
+        if getattr(options, key) is not None
+    }
+    settings = replace(settings, **overrides)
+    validate_settings(settings)
+    return settings
+
+
+def check_engine(manifest: Manifest, allow_mismatch: bool) -> None:
+    mine = engine_identity()
+    recorded = (manifest.data_juicer_version, manifest.data_juicer_commit)
+    current = (mine.data_juicer_version, mine.data_juicer_commit)
+    if recorded == current:
+        return
+    message = (
+        f"this worker runs Data-Juicer {current[0]} (commit {current[1] or 'n/a'}) but the job was prepared with "
+        f"{recorded[0]} (commit {recorded[1] or 'n/a'})"
+    )
+    if not allow_mismatch:
+        raise VersionMismatchError(message + "; install the same version on every node or pass --allow-version-mismatch")
+    log.warning("%s; continuing because of --allow-version-mismatch", message)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Worker:
+    def __init__(self, job_dir: Path, options: WorkerOptions, runner: Runner | None = None):
+        self.layout = JobLayout(Path(os.path.abspath(job_dir)))
+        self.manifest = self.layout.load_manifest()
+        self.options = options
+        self.settings = effective_settings(self.manifest, options)
+        self.host = socket.gethostname()
+        self.claims = Claims(self.layout, self.host, os.getpid())
+        self.observer = StalenessObserver(self.settings.lock_timeout_secs)
+        self.runner = runner or get_runner(options.runner)
+        self.terminal: dict[str, str] = {}
+        self.claimed = 0
+        self.completed = 0
+        self.current: AttemptContext | None = None
+        self.stopping: str | None = None
+
+    # -- the claim loop ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        check_engine(self.manifest, self.options.allow_version_mismatch)
+        log.info(
+            "worker on host=%s pid=%d: job %s, %d shards, runner=%s, ray_address=%s, lease %.0fs",
+            self.host,
+            os.getpid(),
+            self.layout.root,
+            len(self.manifest.shards),
+            self.runner.name,
+            self.settings.ray_address,
+            self.settings.lock_timeout_secs,
+        )
+        while True:
+            if self.stopping:
+                log.warning("worker stopping: %s", self.stopping)
+                return EXIT_ERROR
+            if self.options.max_shards is not None and self.claimed >= self.options.max_shards:
+                log.info("reached --max-shards %d; completed %d shard(s) here", self.options.max_shards, self.completed)
+                return EXIT_OK
+            claim, failed = self.scan()
+            if failed:
+                log.error("job has terminally failed shard(s): %s; run `retry` after fixing the cause", ", ".join(failed))
+                return EXIT_ERROR
+            if claim is not None:
+                self.claimed += 1
+                self.process(claim)
+                continue
+            if len(self.terminal) == len(self.manifest.shards):
+                log.info("all %d shards are done; completed %d here", len(self.manifest.shards), self.completed)
+                return EXIT_OK
+            time.sleep(self.settings.poll_interval_secs)
+
+    def scan(self) -> tuple[Claim | None, list[str]]:
+        """One pass over the shards in manifest order: claim the first claimable one."""
+        failed = [shard for shard, status in self.terminal.items() if status == FAILED]
+        if failed:
+            return None, failed
+        for spec in self.manifest.shards:
+            shard_id = spec.shard_id
+            if shard_id in self.terminal:
+                continue
+            try:
+                record = read_claim(self.layout, shard_id)
+            except ValueError as exc:
+                log.warning("unreadable claim of %s (%s); skipping it this round", shard_id, exc)
+                continue
+            if record is None:
+                if self.layout.done(shard_id).exists():
+                    self.terminal[shard_id] = DONE
+                    continue
+                if self.layout.failed(shard_id).exists():
+                    self.terminal[shard_id] = FAILED
+                    return None, [shard_id]
+                claim = self.claims.try_claim(shard_id)
+                if claim is not None and self._within_retry_limit(claim):
+                    return claim, []
+                continue
+            if record.status in (DONE, FAILED):
+                self.terminal[shard_id] = record.status
+                self.observer.forget(shard_id)
+                if record.status == FAILED:
+                    return None, [shard_id]
+                continue
+            heartbeat = read_heartbeat(self.layout.attempt_dir(shard_id, record.attempt_id))
+            seq = heartbeat.seq if heartbeat is not None and heartbeat.token == record.token else 0
+            if not self.observer.is_stale(shard_id, record.token, seq):
+                continue
+            unchanged = self.observer.unchanged_for(shard_id)
+            self.observer.forget(shard_id)
+            if self.layout.done(shard_id).exists():
+                # Completed, but its owner died before recording it in the claim (P6 repair).
+                self.terminal[shard_id] = DONE
+                continue
+            if self.claims.take_over(record, unchanged):
+                claim = self.claims.try_claim(shard_id)
+                if claim is not None and self._within_retry_limit(claim):
+                    return claim, []
+        failed = [shard for shard, status in self.terminal.items() if status == FAILED]
+        return None, failed
+
+    def _within_retry_limit(self, claim: Claim) -> bool:
+        """After acquiring: a shard whose failures already reached the limit becomes terminal."""
+        failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
+        if failures <= self.settings.max_retries:
+            return True
+        log.error("%s failed %d time(s) (limit %d retries): marking it failed", claim.shard_id, failures, self.settings.max_retries)
+        self.claims.mark_failed_terminal(claim, failures, last_attempt, last_error)
+        self.terminal[claim.shard_id] = FAILED
+        return False
+
+    # -- one attempt --------------------------------------------------------------------------
+
+    def process(self, claim: Claim) -> None:
+        spec = self.manifest.shard(claim.shard_id)
+        attempt_dir = self.layout.attempt_dir(claim.shard_id, claim.attempt_id)
+        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+        if not fsops.make_dir_exclusive(attempt_dir):
+            raise JobStateError(f"attempt directory {attempt_dir} already exists")
+        files = attempt_files(attempt_dir)
+        record = AttemptRecord(
+            shard_id=claim.shard_id,
+            attempt_id=claim.attempt_id,
+            token=claim.token,
+            host=self.host,
+            pid=os.getpid(),
+            runner=self.runner.name,
+            started_at=time.time(),
+            input_rows=spec.rows,
+        )
+        fsops.replace_atomic(files["record"], encode(record))
+        ctx = AttemptContext(
+            shard_id=claim.shard_id,
+            attempt_dir=attempt_dir,
+            recipe_path=files["recipe"],
+            log_path=files["log"],
+            ray_output=files["ray_output"],
+            env=self._attempt_env(),
+        )
+        heartbeat = HeartbeatThread(
+            self.claims,
+            claim,
+            attempt_dir,
+            self.settings.heartbeat_interval_secs,
+            self.settings.lock_timeout_secs,
+            on_lost=lambda reason: ctx.stop(f"claim lost: {reason}"),
+        )
+
+        def set_phase(phase: str) -> None:
+            heartbeat.phase = phase
+
+        ctx.set_phase = set_phase
+        heartbeat.beat()
+        heartbeat.start()
+        self.current = ctx
+        log.info("claimed %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
+        try:
+            stats = self._run_attempt(ctx, spec)
+            if ctx.stop_reason() is not None:
+                raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            set_phase("publishing")
+            completion = CompletionRecord(
+                shard_id=claim.shard_id,
+                attempt_id=claim.attempt_id,
+                token=claim.token,
+                host=self.host,
+                pid=os.getpid(),
+                input_rows=spec.rows,
+                input_sha256=spec.sha256,
+                output_rows=stats.rows,
+                output_bytes=stats.bytes,
+                output_sha256=stats.sha256,
+                started_at=record.started_at,
+                finished_at=time.time(),
+            )
+            record = replace(record, output_rows=stats.rows, output_bytes=stats.bytes, output_sha256=stats.sha256)
+            if not self.claims.publish_completion(claim, completion):
+                ctx.stop("claim lost before publishing")
+                raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
+            self.claims.finish(claim, DONE)
+            self.completed += 1
+            record = replace(record, status="succeeded", finished_at=time.time(), exit_code=0)
+            fsops.replace_atomic(files["record"], encode(record))
+            log.info(
+                "done %s: %d -> %d rows in %.1fs", claim.shard_id, spec.rows, stats.rows, record.finished_at - record.started_at
+            )
+        except AttemptFailed as exc:
+            self._record_failure(claim, record, ctx, str(exc))
+        finally:
+            heartbeat.stop()
+            self.current = None
+
+    def _run_attempt(self, ctx: AttemptContext, spec: ShardSpec) -> Any:
+        ctx.set_phase("verifying input")
+        shard_path = self.layout.shard_input(spec.shard_id)
+        try:
+            digest = sha256_file(shard_path)
+        except OSError as exc:
+            raise AttemptFailed(f"cannot read shard input {shard_path}: {exc.strerror or exc}") from None
+        if digest != spec.sha256:
+            raise AttemptFailed(f"shard input {shard_path} is corrupt: sha256 {digest} != manifest {spec.sha256}")
+        self._write_attempt_recipe(ctx, shard_path)
+        self.runner.run(ctx)
+        if ctx.stop_reason() is not None:
+            raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+        ctx.set_phase("collecting output")
+        try:
+            return collect(ctx.ray_output, attempt_files(ctx.attempt_dir)["processed"], spec.first_row, spec.rows)
+        except OSError as exc:
+            raise AttemptFailed(f"collecting output failed: {exc}") from None
+
+    def _record_failure(self, claim: Claim, record: AttemptRecord, ctx: AttemptContext, error: str) -> None:
+        files = attempt_files(ctx.attempt_dir)
+        lost = ctx.stop_reason() is not None and ctx.stop_reason().startswith("claim lost")
+        status = "fenced" if lost else "failed"
+        if self.stopping and not lost:
+            status = "interrupted"
+        record = replace(record, status=status, finished_at=time.time(), error=error)
+        try:
+            fsops.replace_atomic(files["record"], encode(record))
+        except OSError as exc:
+            log.error("could not record the outcome of %s: %s", claim.attempt_id, exc)
+        if lost:
+            log.error("%s: %s; nothing was published", claim.shard_id, error)
+            return
+        if status == "interrupted":
+            self.claims.release(claim)
+            log.warning("%s: handed back (%s)", claim.shard_id, error)
+            return
+        failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
+        log.error("%s attempt %s failed (%d of %d allowed): %s", claim.shard_id, claim.attempt_id, failures, self.settings.max_retries + 1, error)
+        log.error("  log: %s", files["log"])
+        if failures > self.settings.max_retries:
+            self.claims.mark_failed_terminal(claim, failures, last_attempt, error)
+            self.terminal[claim.shard_id] = FAILED
+        else:
+            self.claims.release(claim)
+
+    def _attempt_env(self) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1"}
+        cache = str(self.layout.cache_dir)
+        for key in ("XDG_CACHE_HOME", "HF_HOME"):
+            if not os.environ.get(key):
+                env[key] = cache
+        return env
+
+    def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
+        try:
+            config: dict[str, Any] = yaml.safe_load(self.layout.recipe.read_bytes())
+        except (OSError, yaml.YAMLError) as exc:
+            raise JobStateError(f"cannot read the job's recipe {self.layout.recipe}: {exc}") from None
+        if sha256_file(self.layout.recipe) != self.manifest.recipe_sha256:
+            raise JobStateError(f"{self.layout.recipe} was modified after prepare (sha256 differs from the manifest)")
+        config["dataset_path"] = str(shard_path)
+        config["export_path"] = str(ctx.ray_output)
+        config["work_dir"] = str(ctx.attempt_dir)
+        config["executor_type"] = "ray"
+        config["ray_address"] = self.settings.ray_address
+        config.setdefault("skip_op_error", False)
+        config.pop("export_type", None)
+        config["export_shard_size"] = 0
+        fsops.replace_atomic(ctx.recipe_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode())
+
+    # -- signals --------------------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Stop claiming, and hand the current shard back at once (graceful drain)."""
+        self.stopping = reason
+        if self.current is not None:
+            self.current.stop(reason)
+
+
+def run_worker(job_dir: Path, options: WorkerOptions) -> int:
+    worker = Worker(job_dir, options)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        worker.request_stop(f"received {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return worker.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
