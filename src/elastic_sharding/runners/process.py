@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,19 +53,32 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE_
         pass
 
 
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): \S")
+_NOISE = ("ray.exceptions.", "_pickle.", "pickle.", "KeyboardInterrupt")
+
+
 def last_error_line(log_path: Path) -> str:
-    """The most telling line of a failed run's log, for status and failure records."""
+    """The root cause of a failed run, for status and failure records.
+
+    Ray wraps an operator's exception in several layers and loguru adds a pickling error on
+    top, so the last exception line of the log is the one that matters only after skipping
+    those wrappers.
+    """
     try:
         with open(log_path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(log_path) - 64 * 1024))
+            handle.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
             lines = handle.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return "no log"
-    keywords = ("Error", "error:", "Exception", "Traceback")
+    fallback = None
     for line in reversed(lines):
         text = line.strip()
-        if text and any(k in text for k in keywords) and not text.startswith("Traceback"):
-            return text[:500]
+        if _EXCEPTION_LINE.match(text):
+            if not text.startswith(_NOISE):
+                return text[:500]
+            fallback = fallback or text
+    if fallback:
+        return fallback[:500]
     for line in reversed(lines):
         if line.strip():
             return line.strip()[:500]

@@ -1,0 +1,19 @@
+#!/usr/bin/env python3
+"""Seed-compatible entry point, run from the repository root:
+
+    python demos/elastic_sharding/shard_job.py {prepare,worker,status,retry,merge,verify} ...
+
+A thin wrapper over the `elastic-shard` command of the `elastic_sharding` package.
+"""
+
+import sys
+from pathlib import Path
+
+try:
+    from elastic_sharding.cli import main
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    from elastic_sharding.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(prog="shard_job.py"))

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from elastic_sharding.prepare import PrepareRequest, prepare
+from elastic_sharding.records import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+SIMPLE_RECIPE = """\
+project_name: test
+dataset_path: {dataset}
+export_path: /tmp/ignored-by-workers.jsonl
+executor_type: ray
+ray_address: local
+process:
+  - whitespace_normalization_mapper:
+  - text_length_filter:
+      min_len: 5
+      max_len: 100000
+"""
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    return path
+
+
+def sample_rows(n: int, start: int = 0) -> list[dict]:
+    return [{"id": i, "text": f"sample number {i} " + "x" * (i % 37)} for i in range(start, start + n)]
+
+
+def fast_settings(**overrides) -> Settings:
+    values = dict(lock_timeout_secs=2.0, max_retries=1, poll_interval_secs=0.05, heartbeat_interval_secs=0.2, ray_address="local")
+    values.update(overrides)
+    return Settings(**values)
+
+
+def cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `elastic-shard` as a separate process, as a user would."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastic_sharding", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"elastic-shard {' '.join(args)} exited {proc.returncode}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def recipe_file(tmp_path: Path):
+    def make(dataset: Path, body: str = SIMPLE_RECIPE) -> Path:
+        path = tmp_path / "recipe.yaml"
+        path.write_text(body.format(dataset=dataset))
+        return path
+
+    return make
+
+
+@pytest.fixture
+def make_job(tmp_path: Path, recipe_file):
+    """Prepare a job in-process: make_job(rows=..., shards=..., **settings) -> job dir."""
+
+    def make(rows: int = 40, shards: int = 8, name: str = "job", data: list[dict] | None = None, **settings) -> Path:
+        dataset = write_jsonl(tmp_path / f"{name}-input.jsonl", data if data is not None else sample_rows(rows))
+        job = tmp_path / name
+        prepare(PrepareRequest(recipe_file(dataset), None, job, shards, fast_settings(**settings)))
+        return job
+
+    return make
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """Run the CLI in this process (fast: Data-Juicer is imported once) and capture its output."""
+    from elastic_sharding.cli import main
+
+    def invoke(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse rejects parameters by exiting
+            code = exc.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return invoke

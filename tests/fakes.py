@@ -1,0 +1,54 @@
+"""A fast stand-in for Data-Juicer, for tests of the claim/lease state machine only.
+
+It behaves like Ray's exporter where it matters to the worker: it writes a directory of part
+files whose order is NOT the input order (rows inside a part stay in order), and it can be told
+to drop rows, fail, or take a while.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import yaml
+
+from elastic_sharding.errors import AttemptFailed
+from elastic_sharding.runners import AttemptContext
+
+
+class FakeRunner:
+    name = "fake"
+
+    def __init__(
+        self,
+        delay: float = 0.0,
+        fail: Callable[[str], bool] | None = None,
+        keep: Callable[[dict], bool] | None = None,
+    ):
+        self.delay = delay
+        self.fail = fail or (lambda shard_id: False)
+        self.keep = keep or (lambda row: True)
+        self.calls: list[str] = []
+
+    def run(self, ctx: AttemptContext) -> None:
+        self.calls.append(ctx.shard_id)
+        config = yaml.safe_load(ctx.recipe_path.read_bytes())
+        assert config["executor_type"] == "ray" and config["skip_op_error"] is False
+        deadline = time.monotonic() + self.delay
+        while time.monotonic() < deadline:
+            if ctx.stop_reason() is not None:
+                raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            time.sleep(min(0.01, self.delay))
+        if self.fail(ctx.shard_id):
+            ctx.log_path.write_text("ValueError: fake operator failure\n")
+            raise AttemptFailed("fake operator failure")
+        rows = [orjson.loads(line) for line in Path(config["dataset_path"]).read_bytes().splitlines()]
+        kept = [row for row in rows if self.keep(row)]
+        ctx.ray_output.mkdir()
+        half = len(kept) // 2
+        # Second half first, so part order disagrees with input order as Ray's often does.
+        for name, chunk in (("a_000000.json", kept[half:]), ("b_000001.json", kept[:half])):
+            if chunk:
+                (ctx.ray_output / name).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in chunk))

@@ -1,0 +1,125 @@
+"""End to end with the real Data-Juicer Ray executor and real node-local Ray runtimes.
+
+Two "nodes" are separate worker processes, each in its own UTS namespace with its own hostname,
+sharing one job directory. The merged output must equal, row for row and in order, a plain
+single-process `dj-process` Ray run of the same recipe over the whole input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from conftest import REPO, TESTS, write_jsonl
+
+pytestmark = pytest.mark.e2e
+
+SHARD_JOB = REPO / "demos" / "elastic_sharding" / "shard_job.py"
+DEMO_RECIPE = REPO / "demos" / "elastic_sharding" / "configs" / "demo.yaml"
+DEMO_DATA = REPO / "demos" / "data" / "demo-dataset.jsonl"
+
+
+def _can_unshare() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
+
+
+needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="needs root and `unshare --uts` to give each node its own hostname")
+
+
+def shard_job(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(SHARD_JOB), *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"shard_job.py {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def start_node(hostname: str, *args: str, log: Path) -> subprocess.Popen:
+    """A worker process in its own UTS namespace, so gethostname() differs per node."""
+    command = " ".join(["hostname", hostname, "&&", "exec", sys.executable, str(SHARD_JOB), *args])
+    return subprocess.Popen(["unshare", "--uts", "sh", "-c", command], cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
+def baseline_rows(recipe: Path, dataset: Path, workdir: Path) -> list[bytes]:
+    """A plain single-process dj-process Ray run over the whole input, in input (id) order."""
+    config = yaml.safe_load(recipe.read_text())
+    config.update(dataset_path=str(dataset), export_path=str(workdir / "baseline.jsonl"), work_dir=str(workdir), skip_op_error=False)
+    path = workdir / "baseline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    entry = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", entry, "--config", str(path)], cwd=workdir, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = workdir / "baseline.jsonl"
+    parts = sorted(out.iterdir()) if out.is_dir() else [out]
+    lines = [line for part in parts for line in part.read_bytes().splitlines(keepends=True)]
+    return sorted(lines, key=lambda line: orjson.loads(line)["id"])
+
+
+@needs_unshare
+def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path):
+    job = tmp_path / "jobs" / "two-node"
+    job.parent.mkdir()
+    shard_job(
+        "prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), "--num-shards", "4",
+        "--lock-timeout-secs", "300", "--max-retries", "1", "--poll-interval-secs", "1", "--ray-address", "local",
+    )
+    nodes = [start_node(name, "worker", "--job-dir", str(job), log=tmp_path / f"{name}.log") for name in ("node-a", "node-b")]
+    for name, node in zip(("node-a", "node-b"), nodes):
+        assert node.wait(timeout=900) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
+
+    status = shard_job("status", "--job-dir", str(job), "--json")
+    report = json.loads(status.stdout)
+    assert report["complete"] and report["counts"]["done"] == 4
+    assert {s["host"] for s in report["shards"]} == {"node-a", "node-b"}
+    text = shard_job("status", "--job-dir", str(job), "--all").stdout
+    assert "node-a" in text and "node-b" in text
+
+    merged = tmp_path / "merged.jsonl"
+    shard_job("merge", "--job-dir", str(job), "--output", str(merged))
+    verify = shard_job("verify", "--job-dir", str(job), "--output", str(merged), "--expect-nodes", "2")
+    assert "PASS: 4 shards were completed by 2 node(s)" in verify.stderr
+
+    expected = baseline_rows(DEMO_RECIPE, DEMO_DATA, tmp_path)
+    got = merged.read_bytes().splitlines(keepends=True)
+    assert len(got) == len(expected) and 0 < len(got) < sum(1 for _ in DEMO_DATA.open())
+    assert got == expected
+    assert all(b'"__dj__stats__"' in line for line in got)
+
+    attempt = next(p for p in (job / "attempts").glob("*/*") if p.is_dir())
+    record = json.loads((attempt / "attempt.json").read_text())
+    assert record["status"] == "succeeded" and record["runner"] == "process"
+    assert (attempt / "process.log").stat().st_size > 0
+    assert (job / "cache").is_dir() and json.loads((job / "merge.json").read_text())["rows"] == len(got)
+
+
+def test_operator_error_fails_the_attempt_instead_of_dropping_rows(tmp_path):
+    rows = [{"id": i, "text": f"a perfectly normal row {i}"} for i in range(12)]
+    rows[7]["text"] = "this row will EXPLODE in the operator"
+    dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"dataset_path: {dataset}\n"
+        f"custom_operator_paths: [{TESTS / 'data' / 'explode_op'}]\n"
+        "process:\n  - whitespace_normalization_mapper:\n  - explode_on_marker_mapper:\n"
+    )
+    job = tmp_path / "job"
+    shard_job("prepare", "--config", str(recipe), "--job-dir", str(job), "--num-shards", "2", "--max-retries", "0", "--poll-interval-secs", "1")
+    worker = shard_job("worker", "--job-dir", str(job), check=False)
+    assert worker.returncode == 2, worker.stderr[-3000:]
+    status = shard_job("status", "--job-dir", str(job), "--json", check=False)
+    assert status.returncode == 2
+    report = json.loads(status.stdout)
+    states = {s["shard_id"]: s["state"] for s in report["shards"]}
+    assert states["part-00001-of-00002"] == "failed", states
+    failed = next(s for s in report["shards"] if s["state"] == "failed")
+    assert failed["last_error"].endswith("ValueError: row contains the marker EXPLODE")
+    assert not (job / "state" / "done" / "part-00001-of-00002.json").exists()
