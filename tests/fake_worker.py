@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fakes import FakeRunner  # noqa: E402
 
 from elastic_sharding.cli import setup_logging  # noqa: E402
-from elastic_sharding.worker import Worker, WorkerOptions  # noqa: E402
+from elastic_sharding.worker import WorkerOptions, run_worker  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("job_dir", type=Path)
@@ -26,4 +26,4 @@ options = WorkerOptions(
     lock_timeout_secs=args.lock_timeout_secs,
     heartbeat_interval_secs=args.heartbeat_interval_secs,
 )
-sys.exit(Worker(args.job_dir, options, runner=runner).run())
+sys.exit(run_worker(args.job_dir, options, runner))

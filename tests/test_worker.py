@@ -163,3 +163,23 @@ def test_verify_counts_distinct_hosts(make_job, tmp_path):
     assert cli("verify", "--job-dir", str(job), "--output", str(out)).returncode == 0
     out.write_bytes(out.read_bytes()[:-5])
     assert cli("verify", "--job-dir", str(job), "--output", str(out)).returncode == 2
+
+
+def test_sigterm_hands_the_current_shard_back_at_once(make_job):
+    import signal
+    import time
+
+    job = make_job(rows=10, shards=1)
+    layout = JobLayout(job)
+    proc = subprocess.Popen([sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "60"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while read_claim(layout, "part-00000-of-00001") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert read_claim(layout, "part-00000-of-00001") is None, "the shard must be pending again at once"
+    (attempt,) = layout.attempts_dir("part-00000-of-00001").iterdir()
+    assert json.loads((attempt / "attempt.json").read_text())["status"] == "interrupted"
+    assert run(job) == 0

@@ -12,12 +12,12 @@ import os
 import socket
 import time
 from pathlib import Path
-
-import orjson
+from typing import BinaryIO
 
 from . import fsops
 from .errors import IntegrityError, JobStateError, UsageError
 from .layout import JobLayout, attempt_files
+from .output import file_stats
 from .records import CompletionRecord, MergeRecord, MergeShard, encode
 from .state import DONE, counts, job_views
 
@@ -50,33 +50,32 @@ def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> l
     return result
 
 
-def _copy_validated(record: CompletionRecord, source: Path, sink: "fsops.AtomicOutput", total: "hashlib._Hash") -> None:
-    digest = hashlib.sha256()
-    rows = size = 0
+class _HashingSink:
+    """Passes bytes to the merged file while hashing them, so merge reads every byte once."""
+
+    def __init__(self, target: BinaryIO):
+        self.target = target
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self.target.write(data)
+        self.sha256.update(data)
+        self.bytes += len(data)
+
+
+def _copy_validated(record: CompletionRecord, source: Path, sink: _HashingSink) -> None:
     try:
-        handle = open(source, "rb", buffering=1 << 20)
-    except OSError as exc:
-        raise IntegrityError(f"{record.shard_id}: cannot read output {source}: {exc.strerror or exc}") from None
-    with handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.endswith(b"\n"):
-                raise IntegrityError(f"{source}:{lineno}: truncated line ({record.shard_id})")
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise IntegrityError(f"{source}:{lineno}: not valid JSON ({exc.msg}) in {record.shard_id}") from None
-            if not isinstance(value, dict):
-                raise IntegrityError(f"{source}:{lineno}: not a JSON object in {record.shard_id}")
-            digest.update(line)
-            total.update(line)
-            sink.file.write(line)
-            rows += 1
-            size += len(line)
-    if (rows, size, digest.hexdigest()) != (record.output_rows, record.output_bytes, record.output_sha256):
+        stats = file_stats(source, sink)  # type: ignore[arg-type]
+    except FileNotFoundError:
+        raise IntegrityError(f"{record.shard_id}: output {source} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{record.shard_id}: {exc}") from None
+    if (stats.rows, stats.bytes, stats.sha256) != (record.output_rows, record.output_bytes, record.output_sha256):
         raise IntegrityError(
             f"{record.shard_id}: output {source} does not match its completion record "
-            f"(rows {rows} vs {record.output_rows}, bytes {size} vs {record.output_bytes}, sha256 differs: "
-            f"{digest.hexdigest() != record.output_sha256}); `retry --shard-id {record.shard_id}` after removing its done record"
+            f"(rows {stats.rows} vs {record.output_rows}, bytes {stats.bytes} vs {record.output_bytes}, "
+            f"sha256 {stats.sha256[:12]} vs {record.output_sha256[:12]})"
         )
 
 
@@ -90,23 +89,23 @@ def merge(job_dir: Path, output: Path, overwrite: bool = False, lock_timeout: fl
     if not output.parent.is_dir():
         raise UsageError(f"output directory {output.parent} does not exist")
     shards = completed_outputs(layout, lock_timeout)
-    total = hashlib.sha256()
-    rows = size = 0
     merged: list[MergeShard] = []
     log.info("merging %d shard(s) into %s", len(shards), output)
-    with fsops.atomic_output(output, replace=overwrite) as sink:
+    rows = 0
+    with fsops.atomic_output(output, replace=overwrite) as out:
+        sink = _HashingSink(out.file)
         for record, source in shards:
-            _copy_validated(record, source, sink, total)
+            _copy_validated(record, source, sink)
             rows += record.output_rows
-            size += record.output_bytes
             merged.append(MergeShard(record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256))
-        if not sink.commit():
+        if not out.commit():
             raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
+    size = sink.bytes
     result = MergeRecord(
         output=str(output),
         rows=rows,
         bytes=size,
-        sha256=total.hexdigest(),
+        sha256=sink.sha256.hexdigest(),
         merged_at=time.time(),
         host=socket.gethostname(),
         shards=merged,

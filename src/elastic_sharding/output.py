@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import os
 from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,23 +125,30 @@ def collect(ray_output: Path, processed: Path, first_row: int, rows: int) -> Out
         return _write(processed, everything)
 
 
-def file_stats(path: Path) -> OutputStats:
-    """Re-read a JSONL file: rows, bytes and sha256; every line must be a JSON object."""
-    digest = hashlib.sha256()
-    rows = size = 0
+def validated_lines(path: Path) -> Iterator[bytes]:
+    """Yield a JSONL file's lines (with newline); ValueError names the file and line of the first
+    line that is truncated or not a JSON object."""
     with open(path, "rb", buffering=1 << 20) as handle:
         for lineno, line in enumerate(handle, 1):
-            digest.update(line)
-            size += len(line)
-            rows += 1
             if not line.endswith(b"\n"):
                 raise ValueError(f"{path}:{lineno}: truncated (no newline at end)")
             try:
                 value = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(value, dict):
                 raise ValueError(f"{path}:{lineno}: not a JSON object")
-    if size != os.path.getsize(path):
-        raise ValueError(f"{path}: changed while being read")
+            yield line
+
+
+def file_stats(path: Path, sink: BinaryIO | None = None) -> OutputStats:
+    """Re-read and validate a JSONL file: rows, bytes and sha256, copying it to `sink` if given."""
+    digest = hashlib.sha256()
+    rows = size = 0
+    for line in validated_lines(path):
+        digest.update(line)
+        if sink is not None:
+            sink.write(line)
+        size += len(line)
+        rows += 1
     return OutputStats(rows, size, digest.hexdigest())

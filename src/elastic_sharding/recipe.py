@@ -156,6 +156,8 @@ def validate(recipe: Recipe) -> None:
             raise RecipeError(f"{label}: does not support Data-Juicer's Ray executor")
         if params.get("stats_export_path"):
             raise RecipeError(f"{label}: stats_export_path is not allowed: every shard would write the same statistics file")
+        if "skip_op_error" in params:
+            recipe.warnings.append(f"{name} sets skip_op_error: {params['skip_op_error']} explicitly")
         if params.get("save_dir"):
             recipe.warnings.append(f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards")
         if params.get("index_key"):

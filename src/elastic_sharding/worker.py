@@ -273,6 +273,11 @@ class Worker:
             )
         except AttemptFailed as exc:
             self._record_failure(claim, record, ctx, str(exc))
+        except Exception as exc:
+            # A problem on this side (disk full, a modified job recipe...) still ends the attempt
+            # cleanly: recorded, claim handed back or failed, before the worker reports it.
+            self._record_failure(claim, record, ctx, f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             heartbeat.stop()
             self.current = None
@@ -357,8 +362,9 @@ class Worker:
             self.current.stop(reason)
 
 
-def run_worker(job_dir: Path, options: WorkerOptions) -> int:
-    worker = Worker(job_dir, options)
+def run_worker(job_dir: Path, options: WorkerOptions, runner: Runner | None = None) -> int:
+    """Run a worker with SIGTERM/SIGINT meaning "drain": stop claiming, hand back the shard."""
+    worker = Worker(job_dir, options, runner)
 
     def on_signal(signum: int, _frame: Any) -> None:
         worker.request_stop(f"received {signal.Signals(signum).name}")
