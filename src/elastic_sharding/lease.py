@@ -144,7 +144,9 @@ class Claims:
         self.host = host or socket.gethostname()
         self.pid = pid or os.getpid()
 
-    def try_claim(self, shard_id: str) -> Claim | None:
+    def try_claim(self, shard_id: str, status: str = RUNNING) -> Claim | None:
+        """Publish a claim; `status=done` restores the terminal claim of a completed shard whose
+        owner died before recording it (or whose claim was removed by hand)."""
         token = new_token()
         now = time.time()
         record = ClaimRecord(
@@ -154,6 +156,7 @@ class Claims:
             host=self.host,
             pid=self.pid,
             claimed_at=now,
+            status=status,
             updated_at=now,
         )
         if not fsops.publish_once(self.layout.lock(shard_id), encode(record)):

@@ -154,6 +154,7 @@ class Worker:
                 continue
             if record is None:
                 if self.layout.done(shard_id).exists():
+                    self.claims.try_claim(shard_id, status=DONE)
                     self.terminal[shard_id] = DONE
                     continue
                 if self.layout.failed(shard_id).exists():
@@ -177,6 +178,8 @@ class Worker:
             self.observer.forget(shard_id)
             if self.layout.done(shard_id).exists():
                 # Completed, but its owner died before recording it in the claim (P6 repair).
+                if self.claims.take_over(record, unchanged):
+                    self.claims.try_claim(shard_id, status=DONE)
                 self.terminal[shard_id] = DONE
                 continue
             if self.claims.take_over(record, unchanged):

@@ -1,0 +1,136 @@
+"""Crashes, stalls and corruption, with the fake runner in real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from conftest import TESTS, cli, sample_rows
+from fakes import FakeRunner
+from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.lease import read_claim
+from elastic_sharding.worker import Worker, WorkerOptions
+
+SHARD = "part-00000-of-00001"
+
+
+def fake_worker(job: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TESTS / "fake_worker.py"), str(job), *args], stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def merged(job: Path, tmp_path: Path) -> list[dict]:
+    out = tmp_path / "merged.jsonl"
+    cli("merge", "--job-dir", str(job), "--output", str(out), "--overwrite", check=True)
+    return [orjson.loads(line) for line in out.read_bytes().splitlines()]
+
+
+def test_killed_worker_shard_is_taken_over_after_one_lease(make_job, tmp_path):
+    job = make_job(rows=10, shards=1, lock_timeout_secs=1.0, heartbeat_interval_secs=0.1)
+    layout = JobLayout(job)
+    victim = fake_worker(job, "--delay", "60")
+    wait_for(lambda: read_claim(layout, SHARD) is not None)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    started = time.monotonic()
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    assert time.monotonic() - started >= 1.0, "takeover must wait one whole lease"
+    assert merged(job, tmp_path) == sample_rows(10)
+    attempts = sorted(layout.attempts_dir(SHARD).iterdir())
+    assert len(attempts) == 2
+    assert [attempt_files(a)["superseded"].exists() for a in attempts].count(True) == 1
+
+
+def test_stopped_worker_is_fenced_when_it_resumes(make_job, tmp_path):
+    """P3: SIGSTOP a worker past its lease; another finishes the shard; the first, resumed,
+    must not publish and must stop its work."""
+    job = make_job(rows=10, shards=1, lock_timeout_secs=1.0, heartbeat_interval_secs=0.1)
+    layout = JobLayout(job)
+    stalled = fake_worker(job, "--delay", "3")
+    wait_for(lambda: read_claim(layout, SHARD) is not None)
+    first = read_claim(layout, SHARD)
+    time.sleep(0.3)
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    _, err = stalled.communicate(timeout=30)
+    assert stalled.returncode == 0, err
+    done = json.loads(layout.done(SHARD).read_text())
+    assert done["token"] != first.token, "the stalled worker's attempt must not be the published one"
+    record = json.loads((layout.attempt_dir(SHARD, first.attempt_id) / "attempt.json").read_text())
+    assert record["status"] == "fenced", record
+    assert "lost claim" in err
+    assert merged(job, tmp_path) == sample_rows(10)
+
+
+def test_long_shard_with_heartbeats_is_never_taken_over(make_job):
+    job = make_job(rows=10, shards=1, lock_timeout_secs=0.5, heartbeat_interval_secs=0.1)
+    slow = fake_worker(job, "--delay", "3")  # six leases
+    wait_for(lambda: read_claim(JobLayout(job), SHARD) is not None)
+    observer = Worker(job, WorkerOptions(), runner=FakeRunner())
+    while slow.poll() is None:
+        assert observer.scan()[0] is None
+        time.sleep(0.05)
+    assert slow.returncode == 0
+    assert len(list(JobLayout(job).attempts_dir(SHARD).iterdir())) == 1
+
+
+def test_corrupt_shard_input_fails_attempts_not_the_merge(make_job):
+    job = make_job(rows=20, shards=2, max_retries=1)
+    layout = JobLayout(job)
+    path = layout.shard_input("part-00001-of-00002")
+    path.write_bytes(path.read_bytes().replace(b"sample", b"SAMPLE", 1))
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 2
+    report = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    failed = [s for s in report["shards"] if s["state"] == "failed"]
+    assert len(failed) == 1 and "is corrupt: sha256" in failed[0]["last_error"]
+
+
+def test_modified_job_recipe_stops_the_worker_and_hands_the_shard_back(make_job):
+    job = make_job(rows=10, shards=1)
+    layout = JobLayout(job)
+    layout.recipe.write_text(layout.recipe.read_text() + "\n# edited\n")
+    proc = cli("worker", "--job-dir", str(job))
+    assert proc.returncode == 2 and "modified after prepare" in proc.stderr
+    assert read_claim(layout, SHARD) is None
+
+
+def test_status_estimates_stale_claims_from_recorded_heartbeats(make_job):
+    job = make_job(rows=10, shards=1, lock_timeout_secs=1.0, heartbeat_interval_secs=0.1)
+    victim = fake_worker(job, "--delay", "60")
+    wait_for(lambda: read_claim(JobLayout(job), SHARD) is not None)
+    running = json.loads(cli("status", "--job-dir", str(job), "--json").stdout)
+    assert running["shards"][0]["state"] == "running" and running["shards"][0]["host"]
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    time.sleep(1.2)
+    proc = cli("status", "--job-dir", str(job))
+    assert proc.returncode == 1 and "1 stale" in proc.stdout
+    assert "0 stale" in cli("status", "--job-dir", str(job), "--lock-timeout-secs", "600").stdout
+
+
+def test_owner_dying_between_publish_and_terminal_claim_is_repaired(make_job):
+    job = make_job(rows=10, shards=1, lock_timeout_secs=0.3, heartbeat_interval_secs=0.05)
+    layout = JobLayout(job)
+    worker = Worker(job, WorkerOptions(max_shards=1), runner=FakeRunner())
+    worker.claims.finish = lambda claim, status: False  # "dies" right after publishing
+    assert worker.run() == 0
+    assert read_claim(layout, SHARD).status == "running" and layout.done(SHARD).exists()
+    repair = FakeRunner()
+    assert Worker(job, WorkerOptions(), runner=repair).run() == 0
+    assert repair.calls == [] and read_claim(layout, SHARD).status == "done"
