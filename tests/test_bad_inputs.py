@@ -43,6 +43,8 @@ RECIPE_CASES = {
     "not a mapping": ("- just\n- a list\n", r"a recipe must be a YAML mapping"),
     "custom op path": ("dataset_path: {dataset}\ncustom_operator_paths: [does/not/exist.py]\nprocess:\n  - text_length_filter:\n", r"custom_operator_paths entry does not exist"),
     "no dataset": ("process:\n  - text_length_filter:\n", r"no dataset_path; pass --dataset-path"),
+    "unknown option": ("dataset_path: {dataset}\nexport_pth: x.jsonl\nprocess:\n  - text_length_filter:\n", r"config parser rejects the recipe: Option 'export_pth' is not accepted"),
+    "op skip_op_error not a recipe error": ("dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n      skip_op_error: true\n", r"is a Deduplicator"),
 }
 
 

@@ -103,9 +103,17 @@ def _resolve_paths(config: dict[str, Any], base: Path) -> None:
                 params[key] = _absolute(value, base)
 
 
+def _normalize_keys(config: dict[str, Any]) -> None:
+    """Accept the seed's top-level `text_key` (Data-Juicer 1.6.1 only knows `text_keys`)."""
+    if "text_key" in config:
+        value = config.pop("text_key")
+        config.setdefault("text_keys", value)
+
+
 def load_recipe(path: Path, base: Path) -> Recipe:
     """Read, resolve and validate a recipe (imports Data-Juicer)."""
     config, sha = read_recipe(path)
+    _normalize_keys(config)
     _resolve_paths(config, base)
     recipe = Recipe(source=path, sha256=sha, config=config, media_keys=[], index_key=None)
     validate(recipe)
@@ -162,9 +170,39 @@ def validate(recipe: Recipe) -> None:
             recipe.warnings.append(f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards")
         if params.get("index_key"):
             index_keys.add(params["index_key"])
+    _check_with_data_juicer_parser(config, {name for name, _ in recipe.ops}, where)
     if len(index_keys) > 1:
         raise RecipeError(f"{where}: operators declare different index_key values {sorted(index_keys)}; use one")
     recipe.index_key = index_keys.pop() if index_keys else None
+
+
+def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], where: str) -> None:
+    """Parse the recipe with Data-Juicer's own config parser, as `dj-process` will on every
+    attempt, so an unknown or mistyped top-level option fails here instead of on every shard."""
+    import contextlib
+    import io
+    import tempfile
+
+    from data_juicer.config.config import (
+        _collect_config_info_from_class_docs,
+        build_base_parser,
+        sort_op_by_types_and_names,
+    )
+    from data_juicer.ops import OPERATORS
+
+    parser = build_base_parser()
+    parser.exit_on_error = False
+    ops = [(name, cls) for name, cls in sort_op_by_types_and_names(OPERATORS.modules.items()) if name in used_ops]
+    _collect_config_info_from_class_docs(ops, parser)
+    with tempfile.TemporaryDirectory(prefix="elastic-shard-recipe-") as tmp:
+        probe = Path(tmp) / "recipe.yaml"
+        probe.write_bytes(dump_config(config))
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                parser.parse_args(args=["--config", str(probe)])
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - jsonargparse raises several types
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RecipeError(f"{where}: Data-Juicer's config parser rejects the recipe: {message}") from None
 
 
 def _operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
