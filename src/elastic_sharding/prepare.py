@@ -114,17 +114,25 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
     return "dir", dataset, [path for _, path in found]
 
 
+PROGRESS_EVERY_SECS = 10.0
+
+
 class _Pass:
     """One streaming pass over all input files, yielding normalized rows with their weights."""
 
-    def __init__(self, files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer):
+    def __init__(self, label: str, files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer):
+        self.label = label
         self.files = files
         self.base_of = base_of
         self.normalizer = normalizer
         self.readers: list[HashingLineReader] = []
+        self.total_size = sum(path.stat().st_size for path in files)
 
     def rows(self) -> Iterator[tuple[Path, int, dict[str, Any], int]]:
         global_index = 0
+        done_size = 0
+        started = next_report = time.monotonic()
+        next_report += PROGRESS_EVERY_SECS
         for path in self.files:
             reader = HashingLineReader(path)
             self.readers.append(reader)
@@ -135,6 +143,13 @@ class _Pass:
                 weight = len(orjson.dumps(row)) + 1
                 yield path, lineno, row, weight
                 global_index += 1
+                if global_index % 4096 == 0 and time.monotonic() >= next_report:
+                    next_report = time.monotonic() + PROGRESS_EVERY_SECS
+                    read = done_size + reader.size
+                    rate = read / max(time.monotonic() - started, 1e-9) / 2**20
+                    pct = 100.0 * read / self.total_size if self.total_size else 100.0
+                    log.info("%s: %d rows, %.1f%% of %.1f MiB (%.0f MiB/s)", self.label, global_index, pct, self.total_size / 2**20, rate)
+            done_size += reader.size
 
 
 def _relpath(path: Path, kind: str, root: Path) -> str:
@@ -260,7 +275,7 @@ def _build(
 
     log.info("pass 1/2: validating %d input file(s) under %s", len(files), root)
     schema = SchemaNode()
-    first = _Pass(files, base_of, normalizer)
+    first = _Pass("pass 1/2", files, base_of, normalizer)
     total_weight = 0
     total_rows = 0
     for path, lineno, row, weight in first.rows():
@@ -404,7 +419,7 @@ def _write_shards(
     total_weight: int,
 ) -> _ShardWriter:
     writer = _ShardWriter(layout, count, total_rows, total_weight)
-    second = _Pass(files, base_of, normalizer)
+    second = _Pass("pass 2/2", files, base_of, normalizer)
     cumulative = 0
     row_index = -1
     try:

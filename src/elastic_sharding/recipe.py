@@ -182,6 +182,7 @@ def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], w
     import contextlib
     import io
     import tempfile
+    import warnings
 
     from data_juicer.config.config import (
         _collect_config_info_from_class_docs,
@@ -193,7 +194,9 @@ def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], w
     parser = build_base_parser()
     parser.exit_on_error = False
     ops = [(name, cls) for name, cls in sort_op_by_types_and_names(OPERATORS.modules.items()) if name in used_ops]
-    _collect_config_info_from_class_docs(ops, parser)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jsonargparse deprecation notices about Data-Juicer's own code
+        _collect_config_info_from_class_docs(ops, parser)
     with tempfile.TemporaryDirectory(prefix="elastic-shard-recipe-") as tmp:
         probe = Path(tmp) / "recipe.yaml"
         probe.write_bytes(dump_config(config))

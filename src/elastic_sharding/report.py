@@ -88,11 +88,12 @@ class Status:
         lines = [self.summary_line()]
         interesting = self.views if show_all else [v for v in self.views if v.state not in ("pending", DONE)]
         if interesting:
-            lines.append(f"{'shard':<22} {'state':<8} {'rows':>9} {'host':<20} {'age':>8} {'fails':>5}  attempt")
+            lines.append(f"{'shard':<22} {'state':<8} {'rows':>9} {'host':<20} {'age/took':>8} {'fails':>5}  attempt")
             for v in interesting:
+                took = v.completion.finished_at - v.completion.started_at if v.completion else v.heartbeat_age
                 lines.append(
                     f"{v.shard_id:<22} {v.state:<8} {v.spec.rows:>9} {(v.owner or '-')[:20]:<20} "
-                    f"{_age(v.heartbeat_age):>8} {v.failures:>5}  {v.attempt_id or '-'}"
+                    f"{_age(took):>8} {v.failures:>5}  {v.attempt_id or '-'}"
                 )
         for v in self.views:
             if v.state == FAILED or (v.last_error and v.state != DONE):
