@@ -162,3 +162,45 @@ def test_contract_example_recipe_runs_as_written(tmp_path):
     got = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert [r["id"] for r in got] == [i for i in range(9) if i % 3]
     assert got[0]["text"] == "row 1 has enough   text to keep", got[0]
+
+
+def _children_running(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
+    import signal
+    import time
+
+    job = tmp_path / "job"
+    shard_job("prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), "--num-shards", "1", "--lock-timeout-secs", "600")
+    worker = subprocess.Popen([sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _children_running(str(job / "attempts")):
+        assert time.monotonic() < deadline and worker.poll() is None, "dj-process never started"
+        time.sleep(0.2)
+    time.sleep(2)
+    worker.send_signal(getattr(signal, sig))
+    _, err = worker.communicate(timeout=120)
+    deadline = time.monotonic() + 60
+    while _children_running(str(job / "attempts")):
+        assert time.monotonic() < deadline, "dj-process outlived its worker"
+        time.sleep(0.2)
+    lock = job / "state" / "locks" / "part-00000-of-00001.json"
+    if sig == "SIGTERM":
+        assert worker.returncode == 2 and "handed back" in err, err[-2000:]
+        assert not lock.exists(), "a drained worker hands its shard back at once"
+    else:
+        assert lock.exists(), "a killed worker's claim stays until another worker sees it go stale"
+    assert not (job / "state" / "done" / "part-00000-of-00001.json").exists()

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,6 +104,7 @@ class Worker:
         self.completed = 0
         self.current: AttemptContext | None = None
         self.stopping: str | None = None
+        self._wake = threading.Event()
 
     # -- the claim loop ---------------------------------------------------------------------
 
@@ -136,7 +138,7 @@ class Worker:
             if len(self.terminal) == len(self.manifest.shards):
                 log.info("all %d shards are done; completed %d here", len(self.manifest.shards), self.completed)
                 return EXIT_OK
-            time.sleep(self.settings.poll_interval_secs)
+            self._wake.wait(self.settings.poll_interval_secs)
 
     def scan(self) -> tuple[Claim | None, list[str]]:
         """One pass over the shards in manifest order: claim the first claimable one."""
@@ -161,8 +163,8 @@ class Worker:
                     self.terminal[shard_id] = FAILED
                     return None, [shard_id]
                 claim = self.claims.try_claim(shard_id)
-                if claim is not None and self._within_retry_limit(claim):
-                    return claim, []
+                if claim is not None:
+                    return (claim, []) if self._within_retry_limit(claim) else (None, [shard_id])
                 continue
             if record.status in (DONE, FAILED):
                 self.terminal[shard_id] = record.status
@@ -184,8 +186,8 @@ class Worker:
                 continue
             if self.claims.take_over(record, unchanged):
                 claim = self.claims.try_claim(shard_id)
-                if claim is not None and self._within_retry_limit(claim):
-                    return claim, []
+                if claim is not None:
+                    return (claim, []) if self._within_retry_limit(claim) else (None, [shard_id])
         failed = [shard for shard, status in self.terminal.items() if status == FAILED]
         return None, failed
 
@@ -240,11 +242,11 @@ class Worker:
             heartbeat.phase = phase
 
         ctx.set_phase = set_phase
-        heartbeat.beat()
-        heartbeat.start()
         self.current = ctx
         log.info("claimed %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
         try:
+            heartbeat.beat()
+            heartbeat.start()
             stats = self._run_attempt(ctx, spec)
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
@@ -361,6 +363,7 @@ class Worker:
     def request_stop(self, reason: str) -> None:
         """Stop claiming, and hand the current shard back at once (graceful drain)."""
         self.stopping = reason
+        self._wake.set()
         if self.current is not None:
             self.current.stop(reason)
 

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from ..errors import AttemptFailed
@@ -106,26 +105,20 @@ class ProcessRunner:
                 preexec_fn=_die_with_parent,
             )
         ctx.set_phase("processing")
-        stopped = threading.Event()
-
-        def stop(reason: str) -> None:
-            if not stopped.is_set():
-                stopped.set()
-                log.warning("stopping %s child pid=%d: %s", ctx.shard_id, proc.pid, reason)
-                stop_process_group(proc)
-
-        ctx.on_stop(stop)
         try:
             while True:
                 try:
                     code = proc.wait(timeout=0.5)
                     break
                 except subprocess.TimeoutExpired:
-                    if ctx.stop_reason() is not None:
-                        stop(ctx.stop_reason() or "stopped")
+                    reason = ctx.stop_reason()
+                    if reason is not None:
+                        log.warning("stopping %s child pid=%d: %s", ctx.shard_id, proc.pid, reason)
+                        stop_process_group(proc)
         finally:
             if proc.poll() is None:
-                stop("worker is leaving")
+                log.warning("stopping %s child pid=%d: worker is leaving", ctx.shard_id, proc.pid)
+                stop_process_group(proc)
             else:
                 # Ray helpers may outlive the driver briefly; the group must not leak.
                 try:
