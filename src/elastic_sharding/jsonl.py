@@ -54,7 +54,7 @@ class HashingLineReader:
                 raise InputError(f"read failed: {exc.strerror or exc}", self.path, lineno + 1) from None
 
 
-def parse_object(line: bytes, path: Path | str, lineno: int) -> dict[str, Any]:
+def parse_object(line: bytes, path: Path | str, lineno: int | None) -> dict[str, Any]:
     """Parse one line as a JSON object or raise an `InputError` that says what is wrong."""
     try:
         value = orjson.loads(line)

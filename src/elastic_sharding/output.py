@@ -18,7 +18,8 @@ from pathlib import Path
 import orjson
 
 from . import fsops
-from .errors import AttemptFailed
+from .errors import AttemptFailed, InputError
+from .jsonl import parse_object
 from .records import ROW_KEY
 
 _PREFIX = b'{"' + ROW_KEY.encode() + b'":'
@@ -41,6 +42,13 @@ def part_files(ray_output: Path) -> list[Path]:
     return sorted(p for p in ray_output.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
+def _output_object(line: bytes, where: str) -> dict:
+    try:
+        return parse_object(line, where, None)
+    except InputError as exc:
+        raise AttemptFailed(f"output {exc}") from None
+
+
 def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
     """Return (row index, the exported line without the ordering field)."""
     if line.startswith(_PREFIX):
@@ -51,12 +59,7 @@ def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
         if number.isdigit():
             rest = line[end + 1 :] if line[end : end + 1] == b"," else line[end:]
             return int(number), b"{" + rest
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise AttemptFailed(f"{where}: output is not valid JSON: {exc.msg}") from None
-    if not isinstance(row, dict):
-        raise AttemptFailed(f"{where}: output row is not a JSON object")
+    row = _output_object(line, where)
     index = row.pop(ROW_KEY, None)
     if not isinstance(index, int) or isinstance(index, bool):
         raise AttemptFailed(
@@ -75,12 +78,7 @@ def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator
             index, body = strip_row_key(line, where)
             if not first_row <= index < last_row:
                 raise AttemptFailed(f"{where}: row index {index} is outside this shard ({first_row}..{last_row - 1})")
-            try:
-                valid = isinstance(orjson.loads(body), dict)
-            except orjson.JSONDecodeError as exc:
-                raise AttemptFailed(f"{where}: output is not valid JSON: {exc.msg}") from None
-            if not valid:
-                raise AttemptFailed(f"{where}: output row is not a JSON object")
+            _output_object(body, where)
             yield index, rank, lineno, body
 
 
@@ -133,11 +131,9 @@ def validated_lines(path: Path) -> Iterator[bytes]:
             if not line.endswith(b"\n"):
                 raise ValueError(f"{path}:{lineno}: truncated (no newline at end)")
             try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}:{lineno}: not a JSON object")
+                parse_object(line, path, lineno)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
             yield line
 
 
