@@ -44,7 +44,9 @@ def fast_settings(**overrides) -> Settings:
     return Settings(**values)
 
 
-def cli(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run `elastic-shard` as a separate process, as a user would."""
     full_env = dict(os.environ)
     full_env.update(env or {})

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import SIMPLE_RECIPE
 
 GOOD = b'{"text": "hello world"}\n{"text": "second row"}\n'
@@ -23,7 +22,10 @@ DATA_CASES = {
     "media not a list": (b'{"text": "a", "images": "one.jpg"}\n', r"d.jsonl:1: field 'images' must be a list of strings or null"),
     "media not strings": (b'{"text": "a", "audios": [1]}\n', r"d.jsonl:1: field 'audios' must be a list of strings or null"),
     "reserved field": (b'{"text": "a", "__elastic_row__": 3}\n', r"d.jsonl:1: field '__elastic_row__' is reserved"),
-    "type conflict": (b'{"text": "a", "n": 1}\n{"text": "b", "n": "1"}\n', r"field n is a string here but a number at .*d.jsonl:1"),
+    "type conflict": (
+        b'{"text": "a", "n": 1}\n{"text": "b", "n": "1"}\n',
+        r"field n is a string here but a number at .*d.jsonl:1",
+    ),
     "empty file": (b"", r"the input has no rows"),
 }
 
@@ -35,16 +37,37 @@ RECIPE_CASES = {
     "ray deduplicator": ("dataset_path: {dataset}\nprocess:\n  - ray_document_deduplicator:\n", r"global operation|Deduplicator"),
     "selector": ("dataset_path: {dataset}\nprocess:\n  - random_selector:\n", r"is a Selector"),
     "grouper": ("dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n", r"is a Grouper"),
-    "aggregator": ("dataset_path: {dataset}\nprocess:\n  - meta_tags_aggregator:\n", r"is a Aggregator|is a Grouper|is an? Aggregator"),
-    "stats_export_path": ("dataset_path: {dataset}\nstats_export_path: /tmp/s.jsonl\nprocess:\n  - text_length_filter:\n", r"stats_export_path is not allowed"),
-    "op stats_export_path": ("dataset_path: {dataset}\nprocess:\n  - text_length_filter:\n      stats_export_path: s.jsonl\n", r"stats_export_path is not allowed"),
-    "executor": ("dataset_path: {dataset}\nexecutor_type: ray_partitioned\nprocess:\n  - text_length_filter:\n", r"executor_type 'ray_partitioned' is not supported"),
+    "aggregator": (
+        "dataset_path: {dataset}\nprocess:\n  - meta_tags_aggregator:\n",
+        r"is a Aggregator|is a Grouper|is an? Aggregator",
+    ),
+    "stats_export_path": (
+        "dataset_path: {dataset}\nstats_export_path: /tmp/s.jsonl\nprocess:\n  - text_length_filter:\n",
+        r"stats_export_path is not allowed",
+    ),
+    "op stats_export_path": (
+        "dataset_path: {dataset}\nprocess:\n  - text_length_filter:\n      stats_export_path: s.jsonl\n",
+        r"stats_export_path is not allowed",
+    ),
+    "executor": (
+        "dataset_path: {dataset}\nexecutor_type: ray_partitioned\nprocess:\n  - text_length_filter:\n",
+        r"executor_type 'ray_partitioned' is not supported",
+    ),
     "bad yaml": ("dataset_path: {dataset}\nprocess: [\n", r"recipe.yaml:\d+: invalid YAML"),
     "not a mapping": ("- just\n- a list\n", r"a recipe must be a YAML mapping"),
-    "custom op path": ("dataset_path: {dataset}\ncustom_operator_paths: [does/not/exist.py]\nprocess:\n  - text_length_filter:\n", r"custom_operator_paths entry does not exist"),
+    "custom op path": (
+        "dataset_path: {dataset}\ncustom_operator_paths: [does/not/exist.py]\nprocess:\n  - text_length_filter:\n",
+        r"custom_operator_paths entry does not exist",
+    ),
     "no dataset": ("process:\n  - text_length_filter:\n", r"no dataset_path; pass --dataset-path"),
-    "unknown option": ("dataset_path: {dataset}\nexport_pth: x.jsonl\nprocess:\n  - text_length_filter:\n", r"config parser rejects the recipe: Option 'export_pth' is not accepted"),
-    "op skip_op_error not a recipe error": ("dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n      skip_op_error: true\n", r"is a Deduplicator"),
+    "unknown option": (
+        "dataset_path: {dataset}\nexport_pth: x.jsonl\nprocess:\n  - text_length_filter:\n",
+        r"config parser rejects the recipe: Option 'export_pth' is not accepted",
+    ),
+    "op skip_op_error not a recipe error": (
+        "dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n      skip_op_error: true\n",
+        r"is a Deduplicator",
+    ),
 }
 
 
@@ -116,6 +139,12 @@ def test_symlink_loop_dataset(tmp_path, run_cli):
 
 
 def test_commands_on_a_missing_job_dir(tmp_path, run_cli):
-    for command in (["status"], ["worker"], ["retry", "--all-failed"], ["merge", "--output", str(tmp_path / "o.jsonl")], ["verify"]):
+    for command in (
+        ["status"],
+        ["worker"],
+        ["retry", "--all-failed"],
+        ["merge", "--output", str(tmp_path / "o.jsonl")],
+        ["verify"],
+    ):
         proc = run_cli(*command, "--job-dir", str(tmp_path / "nope"))
         assert proc.returncode == 2 and "job directory does not exist" in proc.stderr, (command, proc.stderr)

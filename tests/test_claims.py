@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from fakes import FakeRunner
+
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.lease import Claims, HeartbeatThread, count_failures, read_claim
 from elastic_sharding.records import CompletionRecord

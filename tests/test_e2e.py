@@ -8,7 +8,6 @@ single-process `dj-process` Ray run of the same recipe over the whole input.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-
 from conftest import REPO, TESTS, write_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -52,11 +50,15 @@ def start_node(hostname: str, *args: str, log: Path) -> subprocess.Popen:
 def baseline_rows(recipe: Path, dataset: Path, workdir: Path) -> list[bytes]:
     """A plain single-process dj-process Ray run over the whole input, in input (id) order."""
     config = yaml.safe_load(recipe.read_text())
-    config.update(dataset_path=str(dataset), export_path=str(workdir / "baseline.jsonl"), work_dir=str(workdir), skip_op_error=False)
+    config.update(
+        dataset_path=str(dataset), export_path=str(workdir / "baseline.jsonl"), work_dir=str(workdir), skip_op_error=False
+    )
     path = workdir / "baseline.yaml"
     path.write_text(yaml.safe_dump(config))
     entry = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
-    proc = subprocess.run([sys.executable, "-c", entry, "--config", str(path)], cwd=workdir, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", entry, "--config", str(path)], cwd=workdir, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = workdir / "baseline.jsonl"
     parts = sorted(out.iterdir()) if out.is_dir() else [out]
@@ -69,8 +71,21 @@ def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path):
     job = tmp_path / "jobs" / "two-node"
     job.parent.mkdir()
     shard_job(
-        "prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), "--num-shards", "4",
-        "--lock-timeout-secs", "300", "--max-retries", "1", "--poll-interval-secs", "1", "--ray-address", "local",
+        "prepare",
+        "--config",
+        str(DEMO_RECIPE),
+        "--job-dir",
+        str(job),
+        "--num-shards",
+        "4",
+        "--lock-timeout-secs",
+        "300",
+        "--max-retries",
+        "1",
+        "--poll-interval-secs",
+        "1",
+        "--ray-address",
+        "local",
     )
     nodes = [start_node(name, "worker", "--job-dir", str(job), log=tmp_path / f"{name}.log") for name in ("node-a", "node-b")]
     for name, node in zip(("node-a", "node-b"), nodes):
@@ -112,7 +127,19 @@ def test_operator_error_fails_the_attempt_instead_of_dropping_rows(tmp_path):
         "process:\n  - whitespace_normalization_mapper:\n  - explode_on_marker_mapper:\n"
     )
     job = tmp_path / "job"
-    shard_job("prepare", "--config", str(recipe), "--job-dir", str(job), "--num-shards", "2", "--max-retries", "0", "--poll-interval-secs", "1")
+    shard_job(
+        "prepare",
+        "--config",
+        str(recipe),
+        "--job-dir",
+        str(job),
+        "--num-shards",
+        "2",
+        "--max-retries",
+        "0",
+        "--poll-interval-secs",
+        "1",
+    )
     worker = shard_job("worker", "--job-dir", str(job), check=False)
     assert worker.returncode == 2, worker.stderr[-3000:]
     status = shard_job("status", "--job-dir", str(job), "--json", check=False)
@@ -150,7 +177,9 @@ process:
 def test_contract_example_recipe_runs_as_written(tmp_path):
     """The user's README shows a recipe with a top-level `text_key`, which Data-Juicer 1.6.1's
     parser rejects; prepare maps it to `text_keys` so the example works as written."""
-    rows = [{"id": i, "text": ("  short " if i % 3 == 0 else f"row {i} has\tenough   text to keep"), "images": []} for i in range(9)]
+    rows = [
+        {"id": i, "text": ("  short " if i % 3 == 0 else f"row {i} has\tenough   text to keep"), "images": []} for i in range(9)
+    ]
     dataset = write_jsonl(tmp_path / "in.jsonl", rows)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(CONTRACT_EXAMPLE_RECIPE.format(dataset=dataset))
@@ -185,7 +214,9 @@ def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
 
     job = tmp_path / "job"
     shard_job("prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), "--num-shards", "1", "--lock-timeout-secs", "600")
-    worker = subprocess.Popen([sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while not _children_running(str(job / "attempts")):
         assert time.monotonic() < deadline and worker.poll() is None, "dj-process never started"

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import orjson
-
 from conftest import TESTS, cli, sample_rows
 from fakes import FakeRunner
+
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.lease import read_claim
 from elastic_sharding.worker import Worker, WorkerOptions

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from conftest import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
+
 from elastic_sharding.errors import InputError, JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare import PrepareRequest, prepare

@@ -8,11 +8,11 @@ import tempfile
 from pathlib import Path
 
 import orjson
+from conftest import SIMPLE_RECIPE, fast_settings
+from fakes import FakeRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SIMPLE_RECIPE, fast_settings
-from fakes import FakeRunner
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.merge import merge
 from elastic_sharding.prepare import PrepareRequest, prepare
@@ -21,7 +21,9 @@ from elastic_sharding.worker import Worker, WorkerOptions
 
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
 # Rows already in prepare's canonical shape (one key order, compact JSON) come back byte for byte.
-rows_strategy = st.lists(st.builds(lambda t, n: {"text": t, "n": n}, texts, st.integers(-(2**53), 2**53)), min_size=1, max_size=25)
+rows_strategy = st.lists(
+    st.builds(lambda t, n: {"text": t, "n": n}, texts, st.integers(-(2**53), 2**53)), min_size=1, max_size=25
+)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from conftest import TESTS, cli, sample_rows
 from fakes import FakeRunner
+
 from elastic_sharding.errors import VersionMismatchError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.lease import read_claim
@@ -31,7 +31,9 @@ def merged_rows(job: Path, output: Path, *extra: str) -> list[dict]:
 def test_parallel_workers_process_every_shard_once_and_merge_in_input_order(make_job, tmp_path):
     job = make_job(rows=90, shards=12)
     procs = [
-        subprocess.Popen([sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "0.05"], stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "0.05"], stderr=subprocess.PIPE, text=True
+        )
         for _ in range(3)
     ]
     for proc in procs:
@@ -171,7 +173,9 @@ def test_sigterm_hands_the_current_shard_back_at_once(make_job):
 
     job = make_job(rows=10, shards=1)
     layout = JobLayout(job)
-    proc = subprocess.Popen([sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "60"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "60"], stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 30
     while read_claim(layout, "part-00000-of-00001") is None and time.monotonic() < deadline:
         time.sleep(0.05)

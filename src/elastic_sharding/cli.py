@@ -55,10 +55,24 @@ def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", type=Path, help="JSONL file or directory (overrides the recipe's dataset_path)")
     _add_job_dir(p)
     p.add_argument("--num-shards", required=True, type=_positive_int, help="exact number of non-empty shards")
-    p.add_argument("--lock-timeout-secs", type=float, default=DEFAULT_LOCK_TIMEOUT, help="claim lease: a claim whose heartbeat does not change for this long is stale (default %(default)s)")
-    p.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="retries after the first failure (default %(default)s)")
-    p.add_argument("--poll-interval-secs", type=float, default=DEFAULT_POLL_INTERVAL, help="worker wait when nothing is claimable (default %(default)s)")
-    p.add_argument("--heartbeat-interval-secs", type=float, default=None, help="claim renewal interval (default: min(30, lock timeout / 4))")
+    p.add_argument(
+        "--lock-timeout-secs",
+        type=float,
+        default=DEFAULT_LOCK_TIMEOUT,
+        help="claim lease: a claim whose heartbeat does not change for this long is stale (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="retries after the first failure (default %(default)s)"
+    )
+    p.add_argument(
+        "--poll-interval-secs",
+        type=float,
+        default=DEFAULT_POLL_INTERVAL,
+        help="worker wait when nothing is claimable (default %(default)s)",
+    )
+    p.add_argument(
+        "--heartbeat-interval-secs", type=float, default=None, help="claim renewal interval (default: min(30, lock timeout / 4))"
+    )
     p.add_argument("--ray-address", default=DEFAULT_RAY_ADDRESS, help="Ray address for workers (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the manifest summary as JSON on stdout")
 
@@ -93,8 +107,12 @@ def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="check that the job is complete, valid, and ran on enough nodes")
     _add_job_dir(p)
-    p.add_argument("--output", type=Path, help="merged output to check against merge.json (default <job-dir>/merged.jsonl if present)")
-    p.add_argument("--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)")
+    p.add_argument(
+        "--output", type=Path, help="merged output to check against merge.json (default <job-dir>/merged.jsonl if present)"
+    )
+    p.add_argument(
+        "--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     return parser
 
@@ -176,7 +194,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         message += f"; {result.output_checked} matches merge.json"
     logging.getLogger("elastic_sharding").info("%s", message)
     if args.json:
-        _emit_json({"pass": True, "shards": result.shards, "hosts": result.hosts, "output": str(result.output_checked) if result.output_checked else None})
+        _emit_json(
+            {
+                "pass": True,
+                "shards": result.shards,
+                "hosts": result.hosts,
+                "output": str(result.output_checked) if result.output_checked else None,
+            }
+        )
     return EXIT_OK
 
 

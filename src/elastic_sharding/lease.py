@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-
 from . import fsops
 from .layout import JobLayout, attempt_files
 from .records import (
@@ -208,7 +207,11 @@ class Claims:
         )
         fsops.publish_once(attempt_files(attempt_dir)["superseded"], encode(note))
         log.warning(
-            "took over stale claim of %s from host=%s pid=%s (attempt %s)", stale.shard_id, stale.host, stale.pid, stale.attempt_id
+            "took over stale claim of %s from host=%s pid=%s (attempt %s)",
+            stale.shard_id,
+            stale.host,
+            stale.pid,
+            stale.attempt_id,
         )
         return True
 

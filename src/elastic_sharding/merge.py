@@ -39,7 +39,9 @@ def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> l
     result = []
     for view in views:
         if view.completion is None:
-            raise JobStateError(f"{view.shard_id}: claim says done but no completion record exists in {layout.done(view.shard_id)}")
+            raise JobStateError(
+                f"{view.shard_id}: claim says done but no completion record exists in {layout.done(view.shard_id)}"
+            )
         record = view.completion
         if record.shard_id != view.shard_id:
             raise IntegrityError(f"{layout.done(view.shard_id)}: completion record names shard {record.shard_id}")
@@ -97,7 +99,9 @@ def merge(job_dir: Path, output: Path, overwrite: bool = False, lock_timeout: fl
         for record, source in shards:
             _copy_validated(record, source, sink)
             rows += record.output_rows
-            merged.append(MergeShard(record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256))
+            merged.append(
+                MergeShard(record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256)
+            )
         if not out.commit():
             raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
     size = sink.bytes

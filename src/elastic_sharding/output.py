@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
@@ -62,9 +62,7 @@ def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
     row = _output_object(line, where)
     index = row.pop(ROW_KEY, None)
     if not isinstance(index, int) or isinstance(index, bool):
-        raise AttemptFailed(
-            f"{where}: output row lost the ordering field {ROW_KEY!r} (an operator dropped unknown fields?)"
-        )
+        raise AttemptFailed(f"{where}: output row lost the ordering field {ROW_KEY!r} (an operator dropped unknown fields?)")
     return index, orjson.dumps(row)
 
 

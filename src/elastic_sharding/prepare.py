@@ -148,7 +148,14 @@ class _Pass:
                     read = done_size + reader.size
                     rate = read / max(time.monotonic() - started, 1e-9) / 2**20
                     pct = 100.0 * read / self.total_size if self.total_size else 100.0
-                    log.info("%s: %d rows, %.1f%% of %.1f MiB (%.0f MiB/s)", self.label, global_index, pct, self.total_size / 2**20, rate)
+                    log.info(
+                        "%s: %d rows, %.1f%% of %.1f MiB (%.0f MiB/s)",
+                        self.label,
+                        global_index,
+                        pct,
+                        self.total_size / 2**20,
+                        rate,
+                    )
             done_size += reader.size
 
 
@@ -267,9 +274,7 @@ def prepare(req: PrepareRequest) -> PrepareResult:
     return PrepareResult(manifest, created=True)
 
 
-def _build(
-    stage: Path, job: JobLayout, request: Request, recipe: Recipe, kind: str, root: Path, files: list[Path]
-) -> Manifest:
+def _build(stage: Path, job: JobLayout, request: Request, recipe: Recipe, kind: str, root: Path, files: list[Path]) -> Manifest:
     base_of = {path: str(root) for path in files}
     normalizer = RowNormalizer(tuple(recipe.media_keys), recipe.index_key, ROW_KEY)
 
@@ -291,7 +296,8 @@ def _build(
     int_nulls = schema.int_null_fields()
     if int_nulls:
         warnings.append(
-            "integer field(s) null or missing in some rows: " + ", ".join(int_nulls[:5])
+            "integer field(s) null or missing in some rows: "
+            + ", ".join(int_nulls[:5])
             + " - Ray's JSON export writes them as floats in blocks that hold a null"
         )
         log.warning("%s", warnings[-1])

@@ -40,7 +40,6 @@ class Recipe:
         return [_op_entry(item, i) for i, item in enumerate(self.config["process"])]
 
 
-
 def dump_config(config: dict[str, Any]) -> bytes:
     return yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode()
 
@@ -125,7 +124,9 @@ def validate(recipe: Recipe) -> None:
     where = str(recipe.source)
     executor = config.get("executor_type", "default")
     if executor not in ("default", "ray"):
-        raise RecipeError(f"{where}: executor_type {executor!r} is not supported; use 'default' or 'ray' (workers always run Ray)")
+        raise RecipeError(
+            f"{where}: executor_type {executor!r} is not supported; use 'default' or 'ray' (workers always run Ray)"
+        )
     if "process" not in config:
         raise RecipeError(f"{where}: the recipe has no 'process' list; list the Mapper/Filter operators explicitly")
     process = config["process"]
@@ -136,7 +137,11 @@ def validate(recipe: Recipe) -> None:
     if "skip_op_error" in config:
         recipe.warnings.append(
             f"recipe sets skip_op_error: {config['skip_op_error']}; "
-            + ("rows whose operator raises are DROPPED silently" if config["skip_op_error"] else "an operator error fails the attempt")
+            + (
+                "rows whose operator raises are DROPPED silently"
+                if config["skip_op_error"]
+                else "an operator error fails the attempt"
+            )
         )
     for key, default in MEDIA_KEY_DEFAULTS.items():
         value = config.get(key, default)
@@ -152,7 +157,9 @@ def validate(recipe: Recipe) -> None:
         label = f"{where}: process[{position}] {name}"
         cls = registry.get(name)
         if cls is None:
-            raise RecipeError(f"{label}: unknown operator (not in Data-Juicer's registry; check the name or custom_operator_paths)")
+            raise RecipeError(
+                f"{label}: unknown operator (not in Data-Juicer's registry; check the name or custom_operator_paths)"
+            )
         for kind_name in GLOBAL_KINDS:
             if issubclass(cls, kinds[kind_name]):
                 raise RecipeError(f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard")
@@ -167,7 +174,9 @@ def validate(recipe: Recipe) -> None:
         if "skip_op_error" in params:
             recipe.warnings.append(f"{name} sets skip_op_error: {params['skip_op_error']} explicitly")
         if params.get("save_dir"):
-            recipe.warnings.append(f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards")
+            recipe.warnings.append(
+                f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards"
+            )
         if params.get("index_key"):
             index_keys.add(params["index_key"])
     _check_with_data_juicer_parser(config, {name for name, _ in recipe.ops}, where)

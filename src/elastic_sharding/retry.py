@@ -66,5 +66,11 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
         fsops.rename_away(layout.failed(shard_id), target / "failed.json")
         fsops.rename_away(layout.lock(shard_id), target / "lock.json")
         requeued.append(shard_id)
-        log.info("requeued %s (was %s; %d failed attempt(s) archived in %s)", shard_id, view.state if view.state != PENDING else "pending", view.failures, target)
+        log.info(
+            "requeued %s (was %s; %d failed attempt(s) archived in %s)",
+            shard_id,
+            view.state if view.state != PENDING else "pending",
+            view.failures,
+            target,
+        )
     return requeued

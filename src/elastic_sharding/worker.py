@@ -196,7 +196,9 @@ class Worker:
         failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
         if failures <= self.settings.max_retries:
             return True
-        log.error("%s failed %d time(s) (limit %d retries): marking it failed", claim.shard_id, failures, self.settings.max_retries)
+        log.error(
+            "%s failed %d time(s) (limit %d retries): marking it failed", claim.shard_id, failures, self.settings.max_retries
+        )
         self.claims.mark_failed_terminal(claim, failures, last_attempt, last_error)
         self.terminal[claim.shard_id] = FAILED
         return False
@@ -325,7 +327,14 @@ class Worker:
             log.warning("%s: handed back (%s)", claim.shard_id, error)
             return
         failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
-        log.error("%s attempt %s failed (%d of %d allowed): %s", claim.shard_id, claim.attempt_id, failures, self.settings.max_retries + 1, error)
+        log.error(
+            "%s attempt %s failed (%d of %d allowed): %s",
+            claim.shard_id,
+            claim.attempt_id,
+            failures,
+            self.settings.max_retries + 1,
+            error,
+        )
         log.error("  log: %s", files["log"])
         if failures > self.settings.max_retries:
             self.claims.mark_failed_terminal(claim, failures, last_attempt, error)

@@ -7,6 +7,7 @@ the worker (PR_SET_PDEATHSIG) so a killed worker never leaves an orphan still wr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -34,22 +35,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
 def stop_process_group(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE_SECS) -> None:
     """SIGTERM the child's whole process group, then SIGKILL what is left after `grace`."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        _signal_group(proc.pid, sig)
         try:
             proc.wait(timeout=wait)
             break
         except subprocess.TimeoutExpired:
             continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _signal_group(proc.pid, signal.SIGKILL)
 
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): \S")
@@ -121,10 +121,7 @@ class ProcessRunner:
                 stop_process_group(proc)
             else:
                 # Ray helpers may outlive the driver briefly; the group must not leak.
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _signal_group(proc.pid, signal.SIGKILL)
         if ctx.stop_reason() is not None:
             raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
         if code != 0:
