@@ -31,10 +31,14 @@ class FakeRunner:
         self.fail = fail or (lambda shard_id: False)
         self.keep = keep or (lambda row: True)
         self.calls: list[str] = []
+        self.configs: list[dict] = []
+        self.envs: list[dict] = []
 
     def run(self, ctx: AttemptContext) -> None:
         self.calls.append(ctx.shard_id)
         config = yaml.safe_load(ctx.recipe_path.read_bytes())
+        self.configs.append(config)
+        self.envs.append(dict(ctx.env))
         assert config["executor_type"] == "ray" and config["skip_op_error"] is False
         deadline = time.monotonic() + self.delay
         while time.monotonic() < deadline:

@@ -66,8 +66,13 @@ def baseline_rows(recipe: Path, dataset: Path, workdir: Path) -> list[bytes]:
     return sorted(lines, key=lambda line: orjson.loads(line)["id"])
 
 
+@pytest.fixture(scope="module")
+def demo_baseline(tmp_path_factory) -> list[bytes]:
+    return baseline_rows(DEMO_RECIPE, DEMO_DATA, tmp_path_factory.mktemp("baseline"))
+
+
 @needs_unshare
-def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path):
+def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path, demo_baseline):
     job = tmp_path / "jobs" / "two-node"
     job.parent.mkdir()
     shard_job(
@@ -103,7 +108,7 @@ def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path):
     verify = shard_job("verify", "--job-dir", str(job), "--output", str(merged), "--expect-nodes", "2")
     assert "PASS: 4 shards were completed by 2 node(s)" in verify.stderr
 
-    expected = baseline_rows(DEMO_RECIPE, DEMO_DATA, tmp_path)
+    expected = demo_baseline
     got = merged.read_bytes().splitlines(keepends=True)
     assert len(got) == len(expected) and 0 < len(got) < sum(1 for _ in DEMO_DATA.open())
     assert got == expected
@@ -116,15 +121,59 @@ def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path):
     assert (job / "cache").is_dir() and json.loads((job / "merge.json").read_text())["rows"] == len(got)
 
 
-def test_operator_error_fails_the_attempt_instead_of_dropping_rows(tmp_path):
+@needs_unshare
+def test_killed_node_is_taken_over_and_the_result_is_unchanged(tmp_path, demo_baseline):
+    import signal
+    import time
+
+    job = tmp_path / "job"
+    shard_job(
+        "prepare",
+        "--config",
+        str(DEMO_RECIPE),
+        "--job-dir",
+        str(job),
+        "--num-shards",
+        "2",
+        "--lock-timeout-secs",
+        "6",
+        "--poll-interval-secs",
+        "1",
+    )
+    node_a = start_node("node-a", "worker", "--job-dir", str(job), log=tmp_path / "node-a.log")
+    deadline = time.monotonic() + 120
+    while not _children_running(str(job / "attempts")):
+        assert time.monotonic() < deadline and node_a.poll() is None, (tmp_path / "node-a.log").read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(1)
+    node_a.send_signal(signal.SIGKILL)
+    node_a.wait()
+    node_b = start_node("node-b", "worker", "--job-dir", str(job), log=tmp_path / "node-b.log")
+    assert node_b.wait(timeout=600) == 0, (tmp_path / "node-b.log").read_text()[-4000:]
+    log_b = (tmp_path / "node-b.log").read_text()
+    assert "took over stale claim of part-00000-of-00002 from host=node-a" in log_b
+
+    report = json.loads(shard_job("status", "--job-dir", str(job), "--json").stdout)
+    assert [s["host"] for s in report["shards"]] == ["node-b", "node-b"]
+    assert report["shards"][0]["failures"] == 1
+    superseded = list((job / "attempts" / "part-00000-of-00002").glob("*-node-a-*/superseded.json"))
+    assert len(superseded) == 1
+    merged = tmp_path / "merged.jsonl"
+    shard_job("merge", "--job-dir", str(job), "--output", str(merged))
+    assert merged.read_bytes().splitlines(keepends=True) == demo_baseline
+
+
+def test_operator_error_fails_the_attempt_then_retry_completes_the_job(tmp_path):
     rows = [{"id": i, "text": f"a perfectly normal row {i}"} for i in range(12)]
     rows[7]["text"] = "this row will EXPLODE in the operator"
     dataset = write_jsonl(tmp_path / "d.jsonl", rows)
+    fixed = tmp_path / "fixed"
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         f"dataset_path: {dataset}\n"
         f"custom_operator_paths: [{TESTS / 'data' / 'explode_op'}]\n"
-        "process:\n  - whitespace_normalization_mapper:\n  - explode_on_marker_mapper:\n"
+        "process:\n  - whitespace_normalization_mapper:\n"
+        f"  - explode_on_marker_mapper:\n      fixed_flag: {fixed}\n"
     )
     job = tmp_path / "job"
     shard_job(
@@ -146,10 +195,18 @@ def test_operator_error_fails_the_attempt_instead_of_dropping_rows(tmp_path):
     assert status.returncode == 2
     report = json.loads(status.stdout)
     states = {s["shard_id"]: s["state"] for s in report["shards"]}
-    assert states["part-00001-of-00002"] == "failed", states
+    assert states == {"part-00000-of-00002": "done", "part-00001-of-00002": "failed"}, states
     failed = next(s for s in report["shards"] if s["state"] == "failed")
-    assert failed["last_error"].endswith("ValueError: row contains the marker EXPLODE")
+    assert failed["last_error"].endswith("ValueError: row contains the marker EXPLODE"), failed["last_error"]
     assert not (job / "state" / "done" / "part-00001-of-00002.json").exists()
+
+    fixed.touch()
+    shard_job("retry", "--job-dir", str(job), "--shard-id", "part-00001-of-00002")
+    shard_job("worker", "--job-dir", str(job))
+    out = tmp_path / "out.jsonl"
+    shard_job("merge", "--job-dir", str(job), "--output", str(out))
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == list(range(12))
+    assert len(list((job / "state" / "history").glob("*/part-00001-of-00002/attempts/*"))) == 1
 
 
 CONTRACT_EXAMPLE_RECIPE = """\

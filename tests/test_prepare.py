@@ -154,3 +154,33 @@ def test_failed_prepare_leaves_nothing(tmp_path, recipe_file):
     with pytest.raises(InputError, match=r"d.jsonl:6: malformed JSON"):
         prepare(PrepareRequest(recipe_file(dataset), None, tmp_path / "job", 2, fast_settings()))
     assert sorted(os.listdir(tmp_path)) == ["d.jsonl", "recipe.yaml"]
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "gpu_demo.yaml", "gpu_demo_4gpu.yaml"])
+def test_bundled_recipes_pass_prepare_without_a_gpu(tmp_path, monkeypatch, name):
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    recipe = REPO / "demos" / "elastic_sharding" / "configs" / name
+    manifest = prepare(PrepareRequest(recipe, None, tmp_path / "job", 4, fast_settings())).manifest
+    expected = "demo-dataset.jsonl" if name == "demo.yaml" else "gpu-demo-dataset.jsonl"
+    assert manifest.request.dataset_path.endswith(expected)
+    assert manifest.total_rows == (240 if name == "demo.yaml" else 4)
+
+
+def test_input_changed_between_passes_is_detected(tmp_path, recipe_file, monkeypatch):
+    import elastic_sharding.prepare as prep
+
+    dataset = write_jsonl(tmp_path / "d.jsonl", sample_rows(10))
+    original = prep._write_shards
+
+    def change_then_write(*args, **kwargs):
+        with open(dataset, "ab") as handle:
+            handle.write(b'{"id": 99, "text": "appended meanwhile"}\n')
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(prep, "_write_shards", change_then_write)
+    with pytest.raises(InputError, match="while prepare was reading it"):
+        prepare(PrepareRequest(recipe_file(dataset), None, tmp_path / "job", 2, fast_settings()))
+    assert not (tmp_path / "job").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

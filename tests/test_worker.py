@@ -187,3 +187,37 @@ def test_sigterm_hands_the_current_shard_back_at_once(make_job):
     (attempt,) = layout.attempts_dir("part-00000-of-00001").iterdir()
     assert json.loads((attempt / "attempt.json").read_text())["status"] == "interrupted"
     assert run(job) == 0
+
+
+def test_attempt_recipe_overrides_and_cache_environment(make_job, monkeypatch):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HF_HOME", "/models/hf")
+    job = make_job(rows=10, shards=2)
+    runner = FakeRunner()
+    assert run(job, runner, ray_address="auto", max_shards=1) == 0
+    config = runner.configs[0]
+    layout = JobLayout(job)
+    attempt = next(p for p in layout.attempts_dir("part-00000-of-00002").iterdir())
+    assert config["dataset_path"] == str(layout.shard_input("part-00000-of-00002"))
+    assert config["export_path"] == str(attempt / "ray-output.jsonl")
+    assert config["work_dir"] == str(attempt)
+    assert (config["executor_type"], config["ray_address"], config["skip_op_error"]) == ("ray", "auto", False)
+    assert runner.envs[0]["XDG_CACHE_HOME"] == str(layout.cache_dir)
+    assert "HF_HOME" not in runner.envs[0], "an explicitly set HF_HOME is left alone"
+
+
+def test_json_outputs_of_prepare_merge_and_verify(tmp_path, recipe_file):
+    from conftest import write_jsonl
+
+    dataset = write_jsonl(tmp_path / "d.jsonl", sample_rows(12))
+    job = tmp_path / "job"
+    proc = cli("prepare", "--config", str(recipe_file(dataset)), "--job-dir", str(job), "--num-shards", "3", "--json")
+    prepared = json.loads(proc.stdout)
+    assert prepared["created"] is True and len(prepared["manifest"]["shards"]) == 3
+    again = json.loads(cli("prepare", "--config", str(recipe_file(dataset)), "--job-dir", str(job), "--num-shards", "3", "--json").stdout)
+    assert again["created"] is False
+    assert run(job) == 0
+    merged = json.loads(cli("merge", "--job-dir", str(job), "--output", str(tmp_path / "m.jsonl"), "--json").stdout)
+    assert merged["rows"] == 12 and [s["shard_id"] for s in merged["shards"]] == [f"part-0000{i}-of-00003" for i in range(3)]
+    verified = json.loads(cli("verify", "--job-dir", str(job), "--output", str(tmp_path / "m.jsonl"), "--json").stdout)
+    assert verified["pass"] is True and verified["shards"] == 3
