@@ -77,12 +77,12 @@ def test_live_heartbeat_is_never_taken_over_however_long_it_runs(make_job):
     job = make_job(rows=4, shards=1)
     layout = JobLayout(job)
     claims, claim = _claim_with_attempt_dir(layout, "part-00000-of-00001", "busy-node")
-    beat = HeartbeatThread(claims, claim, layout.attempt_dir(claim.shard_id, claim.attempt_id), 0.05, 0.3, on_lost=lambda r: None)
+    beat = HeartbeatThread(claims, claim, layout.attempt_dir(claim.shard_id, claim.attempt_id), 0.1, 1.0, on_lost=lambda r: None)
     beat.beat()
     beat.start()
     try:
-        worker = Worker(job, WorkerOptions(lock_timeout_secs=0.3, heartbeat_interval_secs=0.05), runner=FakeRunner())
-        deadline = time.monotonic() + 3.0  # ten leases
+        worker = Worker(job, WorkerOptions(lock_timeout_secs=1.0, heartbeat_interval_secs=0.1), runner=FakeRunner())
+        deadline = time.monotonic() + 4.0  # four leases
         while time.monotonic() < deadline:
             assert worker.scan()[0] is None
             time.sleep(0.02)
@@ -131,3 +131,12 @@ def test_finished_shard_stays_done_even_without_its_done_record(make_job):
     runner = FakeRunner()
     assert Worker(job, WorkerOptions(), runner=runner).run() == 0
     assert runner.calls == []
+
+
+def test_attempt_ids_are_safe_path_names_for_any_hostname():
+    from elastic_sharding.lease import new_attempt_id, new_token
+    from elastic_sharding.records import ATTEMPT_ID_RE
+
+    for host in ["node-a", "节点", "a b/../c", "x" * 300, ""]:
+        attempt_id = new_attempt_id(host, new_token())
+        assert ATTEMPT_ID_RE.match(attempt_id) and "/" not in attempt_id and ".." not in attempt_id.split("-")

@@ -79,8 +79,8 @@ def test_stopped_worker_is_fenced_when_it_resumes(make_job, tmp_path):
 
 
 def test_long_shard_with_heartbeats_is_never_taken_over(make_job):
-    job = make_job(rows=10, shards=1, lock_timeout_secs=0.5, heartbeat_interval_secs=0.1)
-    slow = fake_worker(job, "--delay", "3")  # six leases
+    job = make_job(rows=10, shards=1, lock_timeout_secs=1.0, heartbeat_interval_secs=0.1)
+    slow = fake_worker(job, "--delay", "4")  # four leases
     wait_for(lambda: read_claim(JobLayout(job), SHARD) is not None)
     observer = Worker(job, WorkerOptions(), runner=FakeRunner())
     while slow.poll() is None:

@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import socket
+import string
 import threading
 import time
 from collections.abc import Callable
@@ -49,12 +50,15 @@ log = logging.getLogger(__name__)
 RUNNING, DONE, FAILED = "running", "done", "failed"
 
 
+_HOST_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
+
+
 def new_token() -> str:
     return secrets.token_hex(16)
 
 
 def new_attempt_id(host: str, token: str) -> str:
-    safe_host = "".join(c if c.isalnum() or c in "_.-" else "_" for c in host)[:80] or "host"
+    safe_host = "".join(c if c in _HOST_CHARS else "_" for c in host)[:80] or "host"
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{safe_host}-{token[:8]}"
 
 
