@@ -41,6 +41,10 @@ def shard_job(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def prepare_demo(job: Path, *options: str) -> None:
+    shard_job("prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), *options)
+
+
 def start_node(hostname: str, *args: str, log: Path) -> subprocess.Popen:
     """A worker process in its own UTS namespace, so gethostname() differs per node."""
     command = " ".join(["hostname", hostname, "&&", "exec", sys.executable, str(SHARD_JOB), *args])
@@ -75,12 +79,8 @@ def demo_baseline(tmp_path_factory) -> list[bytes]:
 def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path, demo_baseline):
     job = tmp_path / "jobs" / "two-node"
     job.parent.mkdir()
-    shard_job(
-        "prepare",
-        "--config",
-        str(DEMO_RECIPE),
-        "--job-dir",
-        str(job),
+    prepare_demo(
+        job,
         "--num-shards",
         "4",
         "--lock-timeout-secs",
@@ -127,19 +127,7 @@ def test_killed_node_is_taken_over_and_the_result_is_unchanged(tmp_path, demo_ba
     import time
 
     job = tmp_path / "job"
-    shard_job(
-        "prepare",
-        "--config",
-        str(DEMO_RECIPE),
-        "--job-dir",
-        str(job),
-        "--num-shards",
-        "2",
-        "--lock-timeout-secs",
-        "6",
-        "--poll-interval-secs",
-        "1",
-    )
+    prepare_demo(job, "--num-shards", "2", "--lock-timeout-secs", "6", "--poll-interval-secs", "1")
     node_a = start_node("node-a", "worker", "--job-dir", str(job), log=tmp_path / "node-a.log")
     deadline = time.monotonic() + 120
     while not _children_running(str(job / "attempts")):
@@ -270,7 +258,7 @@ def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
     import time
 
     job = tmp_path / "job"
-    shard_job("prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), "--num-shards", "1", "--lock-timeout-secs", "600")
+    prepare_demo(job, "--num-shards", "1", "--lock-timeout-secs", "600")
     worker = subprocess.Popen(
         [sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True
     )
