@@ -82,26 +82,25 @@ def assert_rejected(tmp_path: Path, proc, pattern: str) -> None:
     assert leftovers == [], leftovers
 
 
-@pytest.mark.parametrize("case", sorted(DATA_CASES))
-def test_bad_data(tmp_path, run_cli, case):
-    data, pattern = DATA_CASES[case]
+def prepare_rejected(tmp_path: Path, run_cli, data: bytes, recipe_body: str, pattern: str) -> None:
     dataset = tmp_path / "d.jsonl"
     dataset.write_bytes(data)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(SIMPLE_RECIPE.format(dataset=dataset))
-    proc = run_cli("prepare", "--config", str(recipe), "--job-dir", str(tmp_path / "job"), "--num-shards", "1")
+    recipe.write_text(recipe_body.format(dataset=dataset))
+    proc = run_cli("prepare", "--config", str(recipe), "--job-dir", str(tmp_path / "job"), "--num-shards", "1", cwd=tmp_path)
     assert_rejected(tmp_path, proc, pattern)
+
+
+@pytest.mark.parametrize("case", sorted(DATA_CASES))
+def test_bad_data(tmp_path, run_cli, case):
+    data, pattern = DATA_CASES[case]
+    prepare_rejected(tmp_path, run_cli, data, SIMPLE_RECIPE, pattern)
 
 
 @pytest.mark.parametrize("case", sorted(RECIPE_CASES))
 def test_bad_recipe(tmp_path, run_cli, case):
     body, pattern = RECIPE_CASES[case]
-    dataset = tmp_path / "d.jsonl"
-    dataset.write_bytes(GOOD)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(body.format(dataset=dataset))
-    proc = run_cli("prepare", "--config", str(recipe), "--job-dir", str(tmp_path / "job"), "--num-shards", "1", cwd=tmp_path)
-    assert_rejected(tmp_path, proc, pattern)
+    prepare_rejected(tmp_path, run_cli, GOOD, body, pattern)
 
 
 def test_bad_locations_and_parameters(tmp_path, run_cli):

@@ -214,7 +214,9 @@ def test_json_outputs_of_prepare_merge_and_verify(tmp_path, recipe_file):
     proc = cli("prepare", "--config", str(recipe_file(dataset)), "--job-dir", str(job), "--num-shards", "3", "--json")
     prepared = json.loads(proc.stdout)
     assert prepared["created"] is True and len(prepared["manifest"]["shards"]) == 3
-    again = json.loads(cli("prepare", "--config", str(recipe_file(dataset)), "--job-dir", str(job), "--num-shards", "3", "--json").stdout)
+    again = json.loads(
+        cli("prepare", "--config", str(recipe_file(dataset)), "--job-dir", str(job), "--num-shards", "3", "--json").stdout
+    )
     assert again["created"] is False
     assert run(job) == 0
     merged = json.loads(cli("merge", "--job-dir", str(job), "--output", str(tmp_path / "m.jsonl"), "--json").stdout)

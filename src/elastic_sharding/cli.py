@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 
 from .errors import EXIT_ERROR, EXIT_OK, ElasticShardError
+from .runners import RUNNERS
 
 DEFAULT_LOCK_TIMEOUT = 126000.0
 DEFAULT_MAX_RETRIES = 3
@@ -42,6 +43,30 @@ def _add_job_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, type=Path, help="shared job directory")
 
 
+# The job settings: `prepare` stores them in the manifest, `worker` may override each one.
+_SETTINGS = (
+    (
+        "--lock-timeout-secs",
+        float,
+        DEFAULT_LOCK_TIMEOUT,
+        "claim lease: a claim whose heartbeat does not change for this long is stale",
+    ),
+    ("--max-retries", int, DEFAULT_MAX_RETRIES, "retries after the first failure"),
+    ("--poll-interval-secs", float, DEFAULT_POLL_INTERVAL, "worker wait when nothing is claimable"),
+    ("--heartbeat-interval-secs", float, None, "claim renewal interval"),
+    ("--ray-address", str, DEFAULT_RAY_ADDRESS, "node-local Ray address for workers"),
+)
+
+
+def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool) -> None:
+    for flag, kind, default, text in _SETTINGS:
+        if as_overrides:
+            parser.add_argument(flag, type=kind, help=f"override for this worker: {text} (default: the manifest's value)")
+        else:
+            shown = "min(30, lock timeout / 4)" if default is None else "%(default)s"
+            parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {shown})")
+
+
 def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -55,37 +80,15 @@ def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", type=Path, help="JSONL file or directory (overrides the recipe's dataset_path)")
     _add_job_dir(p)
     p.add_argument("--num-shards", required=True, type=_positive_int, help="exact number of non-empty shards")
-    p.add_argument(
-        "--lock-timeout-secs",
-        type=float,
-        default=DEFAULT_LOCK_TIMEOUT,
-        help="claim lease: a claim whose heartbeat does not change for this long is stale (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-retries", type=int, default=DEFAULT_MAX_RETRIES, help="retries after the first failure (default %(default)s)"
-    )
-    p.add_argument(
-        "--poll-interval-secs",
-        type=float,
-        default=DEFAULT_POLL_INTERVAL,
-        help="worker wait when nothing is claimable (default %(default)s)",
-    )
-    p.add_argument(
-        "--heartbeat-interval-secs", type=float, default=None, help="claim renewal interval (default: min(30, lock timeout / 4))"
-    )
-    p.add_argument("--ray-address", default=DEFAULT_RAY_ADDRESS, help="Ray address for workers (default %(default)s)")
+    _add_settings(p, as_overrides=False)
     p.add_argument("--json", action="store_true", help="print the manifest summary as JSON on stdout")
 
     p = sub.add_parser("worker", help="claim and process shards until the job is complete")
     _add_job_dir(p)
     p.add_argument("--max-shards", type=_positive_int, help="maximum claims (failed attempts count); default unlimited")
-    p.add_argument("--lock-timeout-secs", type=float, help="override the claim lease for this worker")
-    p.add_argument("--max-retries", type=int, help="override failure retries for this worker")
-    p.add_argument("--poll-interval-secs", type=float, help="override the no-claim polling interval")
-    p.add_argument("--heartbeat-interval-secs", type=float, help="override the claim renewal interval")
-    p.add_argument("--ray-address", help="override the Ray address for this worker")
+    _add_settings(p, as_overrides=True)
     p.add_argument("--allow-version-mismatch", action="store_true", help="run even if Data-Juicer differs from the manifest")
-    p.add_argument("--runner", default="process", choices=["process"], help="how a shard is processed (default %(default)s)")
+    p.add_argument("--runner", default="process", choices=RUNNERS, help="how a shard is processed (default %(default)s)")
 
     p = sub.add_parser("status", help="show the state of every shard (read-only)")
     _add_job_dir(p)
