@@ -103,3 +103,11 @@ def run_cli(capsys, monkeypatch):
         return subprocess.CompletedProcess(args, code, out, err)
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def demo_baseline(tmp_path_factory) -> list[bytes]:
+    """The bundled demo recipe over the bundled data, as one plain `dj-process` Ray run."""
+    from e2e_support import DEMO_DATA, DEMO_RECIPE, baseline_rows
+
+    return baseline_rows(DEMO_RECIPE, DEMO_DATA, tmp_path_factory.mktemp("baseline"))

@@ -8,71 +8,15 @@ single-process `dj-process` Ray run of the same recipe over the whole input.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import orjson
 import pytest
-import yaml
 from conftest import REPO, TESTS, write_jsonl
+from e2e_support import DEMO_DATA, SHARD_JOB, needs_unshare, prepare_demo, processes_with, shard_job, start_node
 
 pytestmark = pytest.mark.e2e
-
-SHARD_JOB = REPO / "demos" / "elastic_sharding" / "shard_job.py"
-DEMO_RECIPE = REPO / "demos" / "elastic_sharding" / "configs" / "demo.yaml"
-DEMO_DATA = REPO / "demos" / "data" / "demo-dataset.jsonl"
-
-
-def _can_unshare() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
-
-
-needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="needs root and `unshare --uts` to give each node its own hostname")
-
-
-def shard_job(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(SHARD_JOB), *args], cwd=REPO, capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"shard_job.py {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def prepare_demo(job: Path, *options: str) -> None:
-    shard_job("prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), *options)
-
-
-def start_node(hostname: str, *args: str, log: Path) -> subprocess.Popen:
-    """A worker process in its own UTS namespace, so gethostname() differs per node."""
-    command = " ".join(["hostname", hostname, "&&", "exec", sys.executable, str(SHARD_JOB), *args])
-    return subprocess.Popen(["unshare", "--uts", "sh", "-c", command], cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-
-
-def baseline_rows(recipe: Path, dataset: Path, workdir: Path) -> list[bytes]:
-    """A plain single-process dj-process Ray run over the whole input, in input (id) order."""
-    config = yaml.safe_load(recipe.read_text())
-    config.update(
-        dataset_path=str(dataset), export_path=str(workdir / "baseline.jsonl"), work_dir=str(workdir), skip_op_error=False
-    )
-    path = workdir / "baseline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    entry = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
-    proc = subprocess.run(
-        [sys.executable, "-c", entry, "--config", str(path)], cwd=workdir, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = workdir / "baseline.jsonl"
-    parts = sorted(out.iterdir()) if out.is_dir() else [out]
-    lines = [line for part in parts for line in part.read_bytes().splitlines(keepends=True)]
-    return sorted(lines, key=lambda line: orjson.loads(line)["id"])
-
-
-@pytest.fixture(scope="module")
-def demo_baseline(tmp_path_factory) -> list[bytes]:
-    return baseline_rows(DEMO_RECIPE, DEMO_DATA, tmp_path_factory.mktemp("baseline"))
 
 
 @needs_unshare
@@ -130,7 +74,7 @@ def test_killed_node_is_taken_over_and_the_result_is_unchanged(tmp_path, demo_ba
     prepare_demo(job, "--num-shards", "2", "--lock-timeout-secs", "6", "--poll-interval-secs", "1")
     node_a = start_node("node-a", "worker", "--job-dir", str(job), log=tmp_path / "node-a.log")
     deadline = time.monotonic() + 120
-    while not _children_running(str(job / "attempts")):
+    while not processes_with(str(job / "attempts")):
         assert time.monotonic() < deadline and node_a.poll() is None, (tmp_path / "node-a.log").read_text()[-3000:]
         time.sleep(0.2)
     time.sleep(1)
@@ -238,20 +182,6 @@ def test_contract_example_recipe_runs_as_written(tmp_path):
     assert got[0]["text"] == "row 1 has enough   text to keep", got[0]
 
 
-def _children_running(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
     import signal
@@ -263,14 +193,14 @@ def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
         [sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while not _children_running(str(job / "attempts")):
+    while not processes_with(str(job / "attempts")):
         assert time.monotonic() < deadline and worker.poll() is None, "dj-process never started"
         time.sleep(0.2)
     time.sleep(2)
     worker.send_signal(getattr(signal, sig))
     _, err = worker.communicate(timeout=120)
     deadline = time.monotonic() + 60
-    while _children_running(str(job / "attempts")):
+    while processes_with(str(job / "attempts")):
         assert time.monotonic() < deadline, "dj-process outlived its worker"
         time.sleep(0.2)
     lock = job / "state" / "locks" / "part-00000-of-00001.json"

@@ -25,6 +25,13 @@ DEFAULT_MAX_RETRIES = 3
 DEFAULT_POLL_INTERVAL = 20.0
 DEFAULT_RAY_ADDRESS = "local"
 MAX_HEARTBEAT_INTERVAL = 30.0
+# The launchers (dlc, mpi, local) heartbeat every claim, so a short lease is safe and a crashed
+# node's shard is taken over in minutes; the seed's 126000 s stays the default of `prepare`.
+LAUNCHER_LOCK_TIMEOUT = 600.0
+LAUNCHER_POLL_INTERVAL = 2.0
+DEFAULT_NUM_SHARDS = 4
+DEFAULT_WAIT_TIMEOUT = 126000.0
+DEFAULT_COORDINATOR_LEASE = 60.0
 
 
 def default_heartbeat(lock_timeout: float) -> float:
@@ -49,25 +56,67 @@ _SETTINGS = (
         "--lock-timeout-secs",
         float,
         DEFAULT_LOCK_TIMEOUT,
+        LAUNCHER_LOCK_TIMEOUT,
         "claim lease: a claim whose heartbeat does not change for this long is stale",
     ),
-    ("--max-retries", int, DEFAULT_MAX_RETRIES, "retries after the first failure"),
-    ("--poll-interval-secs", float, DEFAULT_POLL_INTERVAL, "worker wait when nothing is claimable"),
-    ("--heartbeat-interval-secs", float, None, "claim renewal interval"),
-    ("--ray-address", str, DEFAULT_RAY_ADDRESS, "node-local Ray address for workers"),
+    ("--max-retries", int, DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRIES, "retries after the first failure"),
+    (
+        "--poll-interval-secs",
+        float,
+        DEFAULT_POLL_INTERVAL,
+        LAUNCHER_POLL_INTERVAL,
+        "worker wait when nothing is claimable (launchers: also their coordination polling)",
+    ),
+    ("--heartbeat-interval-secs", float, None, None, "claim renewal interval"),
+    ("--ray-address", str, DEFAULT_RAY_ADDRESS, DEFAULT_RAY_ADDRESS, "node-local Ray address for workers"),
 )
 
 
-def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool) -> None:
-    for flag, kind, default, text in _SETTINGS:
+def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool, launcher: bool = False) -> None:
+    for flag, kind, default, launcher_default, text in _SETTINGS:
         if as_overrides:
             parser.add_argument(flag, type=kind, help=f"override for this worker: {text} (default: the manifest's value)")
         else:
-            shown = "min(30, lock timeout / 4)" if default is None else "%(default)s"
-            parser.add_argument(flag, type=kind, default=default, help=f"{text} (default {shown})")
+            value = launcher_default if launcher else default
+            shown = "min(30, lock timeout / 4)" if value is None else "%(default)s"
+            parser.add_argument(flag, type=kind, default=value, help=f"{text} (default {shown})")
 
 
-def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
+def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, launcher: bool) -> None:
+    """What `prepare` needs; the launchers default to the bundled demo recipe and 4 shards."""
+    if config_required:
+        parser.add_argument("--config", required=True, type=Path, help="Data-Juicer YAML recipe")
+    else:
+        parser.add_argument(
+            "--config", type=Path, help="Data-Juicer YAML recipe (default: the bundled demos/elastic_sharding/configs/demo.yaml)"
+        )
+    parser.add_argument("--dataset-path", type=Path, help="JSONL file or directory (overrides the recipe's dataset_path)")
+    _add_job_dir(parser)
+    if config_required:
+        parser.add_argument("--num-shards", required=True, type=_positive_int, help="exact number of non-empty shards")
+    else:
+        parser.add_argument(
+            "--num-shards",
+            type=_positive_int,
+            default=DEFAULT_NUM_SHARDS,
+            help="exact number of non-empty shards (default %(default)s)",
+        )
+    _add_settings(parser, as_overrides=False, launcher=launcher)
+
+
+def _add_runner(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runner", default="process", choices=RUNNERS, help="how a shard is processed (default %(default)s)")
+
+
+def _add_launcher(parser: argparse.ArgumentParser) -> None:
+    _add_job_request(parser, config_required=False, launcher=True)
+    parser.add_argument("--output", type=Path, help="final merged JSONL (default <job-dir>/merged.jsonl)")
+    _add_runner(parser)
+
+
+def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argparse.ArgumentParser:
+    """`profile="dlc"` is the seed's `dlc_job.py`: its sub-commands default to the bundled demo."""
+    dlc = profile == "dlc"
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Run a Data-Juicer recipe over a large JSONL dataset on many nodes that share a POSIX directory.",
@@ -75,12 +124,47 @@ def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("ELASTIC_SHARD_LOG_LEVEL", "INFO"), help="stderr log level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    p = sub.add_parser("dlc", help="the same command on every node of a Worker-broadcast job: prepare, work, merge")
+    _add_launcher(p)
+    p.add_argument("--nodes", type=_positive_int, help="expected Workers: informational in elastic mode, required in strict mode")
+    p.add_argument(
+        "--require-all-nodes",
+        action="store_true",
+        help="strict mode: cap claims per Worker and require --nodes distinct hostnames",
+    )
+    p.add_argument(
+        "--run-id", help="identifier shared by every instance of one submission (default: $PAI_JOB_ID, $DLC_JOB_ID or $JOB_ID)"
+    )
+    p.add_argument(
+        "--wait-timeout-secs",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT,
+        help="maximum prepare/completion/finalize wait (default %(default)s)",
+    )
+    p.add_argument(
+        "--coordinator-lease-secs",
+        type=float,
+        default=DEFAULT_COORDINATOR_LEASE,
+        help="a prepare/finalize coordinator that stops heartbeating for this long is taken over (default %(default)s)",
+    )
+
+    p = sub.add_parser("mpi", help="MPIJob Launcher: prepare, mpirun one worker per node, merge")
+    _add_launcher(p)
+    p.add_argument("--np", type=_positive_int, help="number of worker ranks (default: the hosts in --hostfile)")
+    p.add_argument("--hostfile", type=Path, help="OpenMPI hostfile (default /etc/mpi/hostfile when it exists)")
+    p.add_argument("--mpirun", default="mpirun", help="mpirun executable (default %(default)s)")
+    p.add_argument("--mpirun-arg", action="append", default=[], metavar="ARG", help="extra mpirun argument (repeatable)")
+    p.add_argument("--max-shards", type=_positive_int, help="per-worker claim cap (default unlimited)")
+    p.add_argument(
+        "--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)"
+    )
+
+    p = sub.add_parser("local", help="a whole job on this machine: prepare, N worker processes, merge")
+    _add_launcher(p)
+    p.add_argument("--workers", type=_positive_int, default=2, help="worker processes (default %(default)s)")
+
     p = sub.add_parser("prepare", help="validate recipe and input, split into shards, publish the job")
-    p.add_argument("--config", required=True, type=Path, help="Data-Juicer YAML recipe")
-    p.add_argument("--dataset-path", type=Path, help="JSONL file or directory (overrides the recipe's dataset_path)")
-    _add_job_dir(p)
-    p.add_argument("--num-shards", required=True, type=_positive_int, help="exact number of non-empty shards")
-    _add_settings(p, as_overrides=False)
+    _add_job_request(p, config_required=not dlc, launcher=dlc)
     p.add_argument("--json", action="store_true", help="print the manifest summary as JSON on stdout")
 
     p = sub.add_parser("worker", help="claim and process shards until the job is complete")
@@ -88,25 +172,28 @@ def build_parser(prog: str = "elastic-shard") -> argparse.ArgumentParser:
     p.add_argument("--max-shards", type=_positive_int, help="maximum claims (failed attempts count); default unlimited")
     _add_settings(p, as_overrides=True)
     p.add_argument("--allow-version-mismatch", action="store_true", help="run even if Data-Juicer differs from the manifest")
-    p.add_argument("--runner", default="process", choices=RUNNERS, help="how a shard is processed (default %(default)s)")
+    _add_runner(p)
 
     p = sub.add_parser("status", help="show the state of every shard (read-only)")
     _add_job_dir(p)
     p.add_argument("--lock-timeout-secs", type=float, help="only affects whether claims display as stale")
     p.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
-    p.add_argument("--all", action="store_true", help="list every shard and owner")
+    p.add_argument(
+        "--all", action="store_true", default=dlc, help="list every shard and owner" + (" (always on here)" if dlc else "")
+    )
 
-    p = sub.add_parser("retry", help="requeue terminally failed shards")
-    _add_job_dir(p)
-    p.add_argument("--all-failed", action="store_true", help="requeue every failed shard")
-    p.add_argument("--shard-id", action="append", default=[], help="requeue this shard (repeatable)")
+    if not dlc:
+        p = sub.add_parser("retry", help="requeue terminally failed shards")
+        _add_job_dir(p)
+        p.add_argument("--all-failed", action="store_true", help="requeue every failed shard")
+        p.add_argument("--shard-id", action="append", default=[], help="requeue this shard (repeatable)")
 
-    p = sub.add_parser("merge", help="validate and merge all shard outputs in manifest order")
-    _add_job_dir(p)
-    p.add_argument("--output", required=True, type=Path, help="final JSONL path")
-    p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout")
+        p = sub.add_parser("merge", help="validate and merge all shard outputs in manifest order")
+        _add_job_dir(p)
+        p.add_argument("--output", required=True, type=Path, help="final JSONL path")
+        p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
+        p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+        p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout")
 
     p = sub.add_parser("verify", help="check that the job is complete, valid, and ran on enough nodes")
     _add_job_dir(p)
@@ -125,15 +212,57 @@ def _emit_json(value: object) -> None:
     sys.stdout.flush()
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from .prepare import PrepareRequest, prepare
+def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily)
     from .records import Settings
 
     heartbeat = args.heartbeat_interval_secs or default_heartbeat(args.lock_timeout_secs)
-    settings = Settings(args.lock_timeout_secs, args.max_retries, args.poll_interval_secs, heartbeat, args.ray_address)
-    result = prepare(PrepareRequest(args.config, args.dataset_path, args.job_dir, args.num_shards, settings))
+    return Settings(args.lock_timeout_secs, args.max_retries, args.poll_interval_secs, heartbeat, args.ray_address)
+
+
+def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
+    from .launch.common import JobRequest
+
+    return JobRequest(args.job_dir, args.config, args.dataset_path, args.num_shards, _settings(args), args.output)
+
+
+def _cmd_dlc(args: argparse.Namespace) -> int:
+    from .launch.broadcast import DlcOptions, run_dlc
+
+    options = DlcOptions(
+        job=_job_request(args),
+        nodes=args.nodes,
+        require_all_nodes=args.require_all_nodes,
+        run_id=args.run_id,
+        wait_timeout_secs=args.wait_timeout_secs,
+        poll_interval_secs=args.poll_interval_secs,
+        coordinator_lease_secs=args.coordinator_lease_secs,
+        runner=args.runner,
+    )
+    return run_dlc(options)
+
+
+def _cmd_mpi(args: argparse.Namespace) -> int:
+    from .launch.mpi import run_mpi
+
+    return run_mpi(
+        _job_request(args), args.np, args.hostfile, args.mpirun, args.mpirun_arg, args.max_shards, args.expect_nodes, args.runner
+    )
+
+
+def _cmd_local(args: argparse.Namespace) -> int:
+    from .launch.local import run_local
+
+    return run_local(_job_request(args), args.workers, args.runner)
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .launch.common import recipe_and_base
+    from .prepare import PrepareRequest, prepare
+
+    config, base = recipe_and_base(args.config)
+    result = prepare(PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base))
     if args.json:
         manifest = dataclasses.asdict(result.manifest)
         _emit_json({"created": result.created, "job_dir": str(Path(os.path.abspath(args.job_dir))), "manifest": manifest})
@@ -209,6 +338,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
+    "dlc": _cmd_dlc,
+    "mpi": _cmd_mpi,
+    "local": _cmd_local,
     "prepare": _cmd_prepare,
     "worker": _cmd_worker,
     "status": _cmd_status,
@@ -221,7 +353,9 @@ COMMANDS = {
 def setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        logging.Formatter(f"%(asctime)s {socket.gethostname()} elastic-shard %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+        logging.Formatter(
+            f"%(asctime)s {socket.gethostname()} elastic-shard[%(process)d] %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"
+        )
     )
     root = logging.getLogger("elastic_sharding")
     root.handlers[:] = [handler]
@@ -229,8 +363,8 @@ def setup_logging(level: str) -> None:
     root.propagate = False
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "elastic-shard") -> int:
-    parser = build_parser(prog)
+def main(argv: Sequence[str] | None = None, prog: str = "elastic-shard", profile: str = "shard") -> int:
+    parser = build_parser(prog, profile)
     args = parser.parse_args(argv)
     try:
         setup_logging(args.log_level)

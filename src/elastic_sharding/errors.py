@@ -53,3 +53,15 @@ class IntegrityError(ElasticShardError):
 
 class AttemptFailed(Exception):
     """One shard attempt failed; the worker records it and applies the retry rules."""
+
+
+class Interrupted(ElasticShardError):
+    """SIGTERM/SIGINT: the process stopped early after handing back what it held."""
+
+
+class Aborted(ElasticShardError):
+    """A launcher instance ends because its submission failed; every instance uses one code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.exit_code = exit_code

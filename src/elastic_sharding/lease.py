@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import orjson
+
 from . import fsops
 from .layout import JobLayout, attempt_files
 from .records import (
@@ -108,6 +110,26 @@ def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, s
     return failures, last_id, last_error
 
 
+def remove_if_token(lock: Path, moved: Path, expected_token: str) -> bool:
+    """Rename a lease record away if it still carries `expected_token`; put it back otherwise.
+
+    True only if this call removed exactly the record it meant to: a record that was replaced
+    between the caller's read and the rename is linked back (unless yet another one took its name,
+    in which case the replaced owner fences itself at its next heartbeat).
+    """
+    if not fsops.rename_away(lock, moved):
+        return False
+    try:
+        token = orjson.loads(moved.read_bytes()).get("token")
+    except (OSError, ValueError, AttributeError):
+        token = None
+    if token == expected_token:
+        return True
+    if not fsops.link_back(moved, lock):
+        log.warning("%s was moved away by mistake and replaced meanwhile; its owner will fence itself", lock)
+    return False
+
+
 class StalenessObserver:
     """Judges claims stale by watching their heartbeat not change, on this process's own clock."""
 
@@ -173,30 +195,20 @@ class Claims:
             return False
         return current is not None and current.token == claim.token
 
-    def _move_away(self, shard_id: str, expected_token: str, suffix: str) -> bool:
-        """Rename the claim away if it still carries `expected_token`; restore it otherwise."""
-        lock = self.layout.lock(shard_id)
-        moved = self.layout.stale_lock(shard_id, suffix)
-        if not fsops.rename_away(lock, moved):
-            return False
-        try:
-            record = decode(ClaimRecord, moved.read_bytes(), moved)
-        except (OSError, ValueError):
-            record = None
-        if record is not None and record.token == expected_token:
-            return True
-        if not fsops.link_back(moved, lock):
-            log.warning("claim of %s moved away by mistake and replaced meanwhile; its owner will fence itself", shard_id)
-        return False
-
     def release(self, claim: Claim) -> bool:
         """Give a non-terminal claim back (after a failed attempt) so the shard is pending again."""
-        return self._move_away(claim.shard_id, claim.token, f"{claim.token}.released")
+        return remove_if_token(
+            self.layout.lock(claim.shard_id), self.layout.stale_lock(claim.shard_id, f"{claim.token}.released"), claim.token
+        )
 
-    def take_over(self, stale: ClaimRecord, unchanged_secs: float) -> bool:
-        """Remove a claim judged stale; True if this worker removed exactly that claim."""
+    def take_over(self, stale: ClaimRecord, unchanged_secs: float, reason: str | None = None) -> bool:
+        """Remove a claim judged stale; True if this worker removed exactly that claim.
+
+        `reason` replaces the staleness explanation when the owner is known to be dead (a local
+        launcher that reaped its worker process)."""
         mine = new_token()
-        if not self._move_away(stale.shard_id, stale.token, f"{stale.token}.stale-{mine[:8]}"):
+        lock = self.layout.lock(stale.shard_id)
+        if not remove_if_token(lock, self.layout.stale_lock(stale.shard_id, f"{stale.token}.stale-{mine[:8]}"), stale.token):
             return False
         attempt_dir = self.layout.attempt_dir(stale.shard_id, stale.attempt_id)
         attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +219,7 @@ class Claims:
             by_host=self.host,
             by_pid=self.pid,
             at=time.time(),
-            reason=f"heartbeat unchanged for {unchanged_secs:.1f}s (lease) as observed by {self.host}",
+            reason=reason or f"heartbeat unchanged for {unchanged_secs:.1f}s (lease) as observed by {self.host}",
         )
         fsops.publish_once(attempt_files(attempt_dir)["superseded"], encode(note))
         log.warning(
@@ -250,12 +262,54 @@ class Claims:
         self.finish(claim, FAILED)
 
 
-class HeartbeatThread(threading.Thread):
-    """Renews the owner's heartbeat and fences it the moment its claim is gone.
+class LeaseKeeper(threading.Thread):
+    """Renews a lease every `interval` and reports its loss through `on_lost`, once.
 
-    Ownership is also given up when the heartbeat cannot be written for half a lease (the node is
-    cut off from the shared filesystem): beyond that point another node may take over.
+    `beat()` writes the next heartbeat; `check()` returns why the lease is no longer ours, or
+    None. Ownership is also given up when the heartbeat cannot be written for half a lease (the
+    node is cut off from the shared filesystem): beyond that point another node may take over.
     """
+
+    def __init__(self, name: str, interval: float, lease: float, on_lost: Callable[[str], None]):
+        super().__init__(name=name, daemon=True)
+        self.interval = interval
+        self.lease = lease
+        self.on_lost = on_lost
+        self.seq = 0
+        self.lost_reason: str | None = None
+        self._stop_event = threading.Event()
+
+    def beat(self) -> None:
+        raise NotImplementedError
+
+    def check(self) -> str | None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop_event.wait(self.interval):
+            try:
+                reason = self.check()
+                if reason is None:
+                    self.beat()
+                    last_ok = time.monotonic()
+            except OSError as exc:
+                reason = None
+                if time.monotonic() - last_ok > self.lease / 2:
+                    reason = f"heartbeat failed for over half a lease: {exc}"
+            if reason is not None:
+                self.lost_reason = reason
+                self.on_lost(reason)
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=self.interval + 5)
+
+
+class HeartbeatThread(LeaseKeeper):
+    """Keeps a shard claim alive; fences the attempt the moment the claim is gone."""
 
     def __init__(
         self,
@@ -266,18 +320,16 @@ class HeartbeatThread(threading.Thread):
         lease: float,
         on_lost: Callable[[str], None],
     ):
-        super().__init__(name=f"heartbeat-{claim.shard_id}", daemon=True)
+        def lost(reason: str) -> None:
+            log.error("lost claim of %s: %s; stopping this attempt", claim.shard_id, reason)
+            on_lost(reason)
+
+        super().__init__(f"heartbeat-{claim.shard_id}", interval, lease, lost)
         self.claims = claims
         self.claim = claim
         self.path = attempt_files(attempt_dir)["heartbeat"]
         self.superseded = attempt_files(attempt_dir)["superseded"]
-        self.interval = interval
-        self.lease = lease
-        self.on_lost = on_lost
-        self.seq = 0
         self.phase = "starting"
-        self.lost_reason: str | None = None
-        self._stop_event = threading.Event()
 
     def beat(self) -> None:
         self.seq += 1
@@ -296,26 +348,3 @@ class HeartbeatThread(threading.Thread):
         if current.token != self.claim.token:
             return f"the claim now belongs to host={current.host} pid={current.pid}"
         return None
-
-    def run(self) -> None:
-        last_ok = time.monotonic()
-        while not self._stop_event.wait(self.interval):
-            try:
-                reason = self.check()
-                if reason is None:
-                    self.beat()
-                    last_ok = time.monotonic()
-            except OSError as exc:
-                reason = None
-                if time.monotonic() - last_ok > self.lease / 2:
-                    reason = f"heartbeat failed for over half a lease: {exc}"
-            if reason is not None:
-                self.lost_reason = reason
-                log.error("lost claim of %s: %s; stopping this attempt", self.claim.shard_id, reason)
-                self.on_lost(reason)
-                return
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout=self.interval + 5)

@@ -55,6 +55,7 @@ class PrepareRequest:
     job_dir: Path
     num_shards: int
     settings: Settings
+    base_dir: Path | None = None  # relative paths in the recipe resolve from here (default: cwd)
 
 
 @dataclass
@@ -226,7 +227,7 @@ def prepare(req: PrepareRequest) -> PrepareResult:
     validate_settings(req.settings)
     if req.num_shards < 1:
         raise UsageError("--num-shards must be at least 1")
-    base = Path.cwd()
+    base = req.base_dir or Path.cwd()
     config_path = Path(os.path.abspath(req.config))
     raw_config, config_sha = read_recipe(config_path)
     dataset_value = req.dataset_path if req.dataset_path is not None else raw_config.get("dataset_path")

@@ -270,3 +270,56 @@ class MergeRecord:
     merged_at: float
     host: str
     shards: list[MergeShard]
+
+
+# -- launcher coordination (`.<job-dir>.dlc-coordination/<run-hash>/`) --------------------------
+
+
+@dataclass
+class RunRecord:
+    """Which submission a coordination generation belongs to (written once, for humans)."""
+
+    run_id: str
+    job_dir: str
+    created_by: str
+    created_at: float
+
+
+@dataclass
+class PhaseLock:
+    """The coordinator lease of one phase (prepare or finalize) of one submission."""
+
+    run_id: str
+    phase: str
+    token: str
+    host: str
+    pid: int
+    acquired_at: float
+    took_over_from: str | None = None
+
+
+@dataclass
+class PhaseResult:
+    """The outcome of a phase, published once; every instance acts on the same one."""
+
+    run_id: str
+    phase: str
+    ok: bool
+    exit_code: int
+    message: str
+    host: str
+    at: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AbortRecord:
+    """The first failure of a submission: every instance exits with its `exit_code`."""
+
+    run_id: str
+    phase: str
+    exit_code: int
+    reason: str
+    host: str
+    pid: int
+    at: float

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
+from .launch.coordination import generations
 from .layout import JobLayout
 from .state import DONE, FAILED, STATES, ShardView, counts, job_views
 
@@ -47,6 +48,7 @@ class Status:
         self.lock_timeout = lock_timeout if lock_timeout is not None else self.manifest.request.settings.lock_timeout_secs
         self.views = job_views(self.layout, self.manifest, self.lock_timeout)
         self.counts = counts(self.views)
+        self.runs = generations(self.layout.root)
         self.at = time.time()
 
     @property
@@ -76,6 +78,7 @@ class Status:
             "output_rows": sum(v.completion.output_rows for v in self.views if v.completion),
             "hosts": sorted({v.completion.host for v in self.views if v.completion}),
             "shards": [_shard_json(v) for v in self.views],
+            "launcher_runs": self.runs,
         }
 
     def summary_line(self) -> str:
@@ -106,6 +109,16 @@ class Status:
                 "  stale = no heartbeat for longer than the lock timeout by this machine's clock (an estimate); "
                 "a worker takes such a claim over after watching it for one lease"
             )
+        for run in self.runs:
+            phases = ", ".join(
+                f"{phase} {run[phase]['state']}" + (f" ({run[phase]['host']})" if "host" in run[phase] else "")
+                for phase in ("prepare", "finalize")
+            )
+            abort = run["abort"]
+            ending = (
+                f"; FAILED in {abort['phase']} on {abort['host']} (exit {abort['exit_code']}): {abort['reason']}" if abort else ""
+            )
+            lines.append(f"  dlc run {run['run_id']}: {phases}{ending}  [{run['dir']}]")
         if not show_all and len(interesting) < len(self.views):
             lines.append("  (--all lists every shard)")
         return "\n".join(lines)

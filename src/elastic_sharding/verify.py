@@ -20,8 +20,8 @@ class VerifyResult:
     output_checked: Path | None
 
 
-def verify(job_dir: Path, expect_nodes: int = 1, output: Path | None = None) -> VerifyResult:
-    layout = JobLayout(Path(os.path.abspath(job_dir)))
+def verify_shards(layout: JobLayout, expect_nodes: int = 1) -> tuple[int, list[str]]:
+    """Every shard is done, its output matches its completion record, and enough hosts took part."""
     shards = completed_outputs(layout)
     for record, path in shards:
         try:
@@ -35,21 +35,33 @@ def verify(job_dir: Path, expect_nodes: int = 1, output: Path | None = None) -> 
         raise JobStateError(
             f"{len(shards)} shards were completed by {len(hosts)} node(s) ({', '.join(hosts)}), expected at least {expect_nodes}"
         )
-    checked = None
+    return len(shards), hosts
+
+
+def verify_merged(layout: JobLayout, target: Path) -> MergeRecord:
+    """`target` is the merge that `merge.json` describes, byte for byte."""
+    if not layout.merge_record.exists():
+        raise JobStateError(f"{target}: no merge.json in the job directory; run merge first")
+    merged = load(MergeRecord, layout.merge_record)
+    if os.path.abspath(merged.output) != str(target):
+        raise JobStateError(f"merge.json describes {merged.output}, not {target}")
+    try:
+        stats = file_stats(target)
+    except FileNotFoundError:
+        raise JobStateError(f"{target}: merged output does not exist; run merge") from None
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{target}: {exc}") from None
+    if (stats.rows, stats.bytes, stats.sha256) != (merged.rows, merged.bytes, merged.sha256):
+        raise IntegrityError(f"{target}: merged output does not match merge.json")
+    return merged
+
+
+def verify(job_dir: Path, expect_nodes: int = 1, output: Path | None = None) -> VerifyResult:
+    layout = JobLayout(Path(os.path.abspath(job_dir)))
+    count, hosts = verify_shards(layout, expect_nodes)
     target = Path(os.path.abspath(output)) if output is not None else layout.default_output
+    checked = None
     if output is not None or target.exists():
-        if not layout.merge_record.exists():
-            raise JobStateError(f"{target}: no merge.json in the job directory; run merge first")
-        merged = load(MergeRecord, layout.merge_record)
-        if os.path.abspath(merged.output) != str(target):
-            raise JobStateError(f"merge.json describes {merged.output}, not {target}")
-        try:
-            stats = file_stats(target)
-        except FileNotFoundError:
-            raise JobStateError(f"{target}: merged output does not exist; run merge") from None
-        except (OSError, ValueError) as exc:
-            raise IntegrityError(f"{target}: {exc}") from None
-        if (stats.rows, stats.bytes, stats.sha256) != (merged.rows, merged.bytes, merged.sha256):
-            raise IntegrityError(f"{target}: merged output does not match merge.json")
+        verify_merged(layout, target)
         checked = target
-    return VerifyResult(len(shards), hosts, checked)
+    return VerifyResult(count, hosts, checked)

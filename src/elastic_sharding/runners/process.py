@@ -27,12 +27,14 @@ STOP_GRACE_SECS = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
+def set_parent_death_signal(sig: int) -> None:
+    """In a child (preexec): receive `sig` when the parent dies (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
 def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+    set_parent_death_signal(signal.SIGKILL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -1,0 +1,137 @@
+"""What every launcher shares: prepare (and requeue earlier failures), worker processes, finalize."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ElasticShardError, UsageError
+from ..layout import JobLayout
+from ..merge import merge
+from ..prepare import PrepareRequest, prepare
+from ..records import Settings
+from ..retry import retry
+from ..runners.process import set_parent_death_signal
+from ..verify import verify_merged, verify_shards
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+DEMO_RECIPE = PROJECT_ROOT / "demos" / "elastic_sharding" / "configs" / "demo.yaml"
+
+
+@dataclass
+class JobRequest:
+    """The job a launcher prepares; identical on every instance of one submission."""
+
+    job_dir: Path
+    config: Path | None
+    dataset_path: Path | None
+    num_shards: int
+    settings: Settings
+    output: Path | None = None
+
+    @property
+    def layout(self) -> JobLayout:
+        return JobLayout(Path(os.path.abspath(self.job_dir)))
+
+    @property
+    def output_path(self) -> Path:
+        return Path(os.path.abspath(self.output)) if self.output is not None else self.layout.default_output
+
+
+def recipe_and_base(config: Path | None) -> tuple[Path, Path | None]:
+    """The recipe to use, and where its relative paths resolve from.
+
+    Without `--config` the bundled demo recipe is used; its relative data path resolves from the
+    project root, so the demo works from any working directory.
+    """
+    if config is not None:
+        return config, None
+    if not DEMO_RECIPE.is_file():
+        raise UsageError(f"no --config given and the bundled demo recipe {DEMO_RECIPE} is not there; pass --config")
+    return DEMO_RECIPE, PROJECT_ROOT
+
+
+def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
+    """Prepare (a no-op when already prepared identically), then requeue shards that failed in an
+    earlier run of the same job: relaunching after fixing the cause is how a user retries."""
+    config, base = recipe_and_base(req.config)
+    result = prepare(PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base))
+    requeued = retry(req.job_dir, all_failed=True)
+    if requeued:
+        log.warning("requeued %d shard(s) that failed in an earlier run: %s", len(requeued), ", ".join(requeued))
+    manifest = result.manifest
+    verb = "prepared" if result.created else "already prepared"
+    message = f"{verb} {len(manifest.shards)} shard(s), {manifest.total_rows} rows"
+    return message, {"created": result.created, "shards": len(manifest.shards), "rows": manifest.total_rows, "requeued": requeued}
+
+
+@dataclass
+class Finalized:
+    shards: int
+    hosts: list[str]
+    output: Path
+    rows: int
+
+    @property
+    def message(self) -> str:
+        return (
+            f"PASS: {self.shards} shards were completed by {len(self.hosts)} node(s): {', '.join(self.hosts)}; "
+            f"{self.rows} rows in {self.output}"
+        )
+
+
+def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
+    """Verify every shard and the participating hosts, merge once, verify the merged file.
+
+    An output that already is this job's verified merge is kept (a repeated finalize is a no-op);
+    any other existing file is refused rather than overwritten.
+    """
+    layout = req.layout
+    output = req.output_path
+    shards, hosts = verify_shards(layout, expect_nodes)
+    log.info("%d shards were completed by %d node(s): %s", shards, len(hosts), ", ".join(hosts))
+    if output.exists():
+        try:
+            record = verify_merged(layout, output)
+        except ElasticShardError as exc:
+            raise UsageError(
+                f"{output} already exists and is not this job's verified merge ({exc}); move it away or pass another --output"
+            ) from None
+        log.info("%s is already this job's verified merge", output)
+    else:
+        try:
+            merge(layout.root, output)
+        except UsageError:
+            if not output.exists():
+                raise
+            log.info("%s appeared while merging (another coordinator); verifying it", output)
+        record = verify_merged(layout, output)
+    return Finalized(shards, hosts, output, record.rows)
+
+
+# -- worker processes -----------------------------------------------------------------------------
+
+
+def worker_command(job_dir: Path, *options: str) -> list[str]:
+    """`elastic-shard worker` with this interpreter, runnable without the package installed."""
+    level = logging.getLevelName(logging.getLogger("elastic_sharding").getEffectiveLevel())
+    return [sys.executable, "-m", "elastic_sharding", "--log-level", str(level), "worker", "--job-dir", str(job_dir), *options]
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    source = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = source + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def drain_with_parent() -> None:
+    """For a worker child: receive SIGTERM (drain, hand back the shard) if the launcher dies."""
+    set_parent_death_signal(signal.SIGTERM)

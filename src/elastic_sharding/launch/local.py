@@ -1,0 +1,104 @@
+"""`local`: a whole job on this machine — prepare, N worker processes, finalize.
+
+For one fat node, a laptop or the demo. Workers are separate processes (each with its own
+node-local Ray runtime), exactly as on separate nodes. Because this launcher is the parent of
+its workers, it knows for certain when one died: that worker's claims are handed back at once
+instead of after a lease, so the surviving workers pick its shard up immediately.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import subprocess
+import time
+from typing import Any
+
+from ..errors import EXIT_OK, ElasticShardError, Interrupted
+from ..lease import RUNNING, Claims, read_claim
+from ..report import Status
+from .common import JobRequest, drain_with_parent, finalize, prepare_job, worker_command, worker_env
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECS = 30.0
+
+
+def _release_claims_of(req: JobRequest, pid: int) -> list[str]:
+    layout = req.layout
+    manifest = layout.load_manifest()
+    claims = Claims(layout)
+    host = socket.gethostname()
+    released = []
+    for spec in manifest.shards:
+        try:
+            record = read_claim(layout, spec.shard_id)
+        except ValueError:
+            continue
+        if record is None or record.status != RUNNING or record.host != host or record.pid != pid:
+            continue
+        if claims.take_over(
+            record, 0.0, reason=f"worker process {pid} on {host} exited; its local launcher handed the claim back"
+        ):
+            released.append(spec.shard_id)
+    return released
+
+
+def _exit_text(code: int) -> str:
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+def run_local(req: JobRequest, workers: int, runner: str) -> int:
+    message, _ = prepare_job(req)
+    log.info("%s; starting %d local worker process(es)", message, workers)
+    command = worker_command(req.layout.root, "--runner", runner)
+    env = worker_env()
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    for _ in range(workers):
+        proc = subprocess.Popen(command, env=env, preexec_fn=drain_with_parent)
+        procs[proc.pid] = proc
+    interrupted: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signal.Signals(signum).name)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    failures: list[str] = []
+    try:
+        running = dict(procs)
+        while running:
+            for pid, proc in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del running[pid]
+                if code == EXIT_OK:
+                    continue
+                failures.append(f"worker pid {pid} {_exit_text(code)}")
+                if code < 0:
+                    for shard_id in _release_claims_of(req, pid):
+                        log.warning("worker pid %d %s; handed its claim of %s back", pid, _exit_text(code), shard_id)
+            time.sleep(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(STOP_GRACE_SECS)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    if interrupted:
+        raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
+    status = Status(req.layout.root)
+    if status.exit_code != EXIT_OK:
+        detail = "; ".join(failures) if failures else "workers stopped early"
+        raise ElasticShardError(f"{detail}. {status.summary_line()} — run the same command again to resume")
+    done = finalize(req, expect_nodes=1)
+    log.info("%s", done.message)
+    return EXIT_OK

@@ -1,0 +1,109 @@
+"""`mpi`: the MPIJob Launcher's one command — prepare, `mpirun` one worker per node, finalize.
+
+A PAI-DLC MPIJob runs its command only on the Launcher; the Launcher starts one worker process
+on every Worker node with `mpirun -np N -npernode 1 --hostfile /etc/mpi/hostfile`. Workers do not
+use MPI to communicate: ranks only place them, and the shared directory coordinates them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..errors import EXIT_OK, ElasticShardError, Interrupted, UsageError
+from ..report import Status
+from .common import JobRequest, finalize, prepare_job, worker_command, worker_env
+
+log = logging.getLogger(__name__)
+
+DLC_HOSTFILE = Path("/etc/mpi/hostfile")
+FORWARDED_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "HF_HOME", "HF_ENDPOINT", "CUDA_VISIBLE_DEVICES")
+
+
+def hostfile_hosts(path: Path) -> list[str]:
+    """Distinct host names of an OpenMPI hostfile (`name [slots=N] ...`, `#` comments)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read --hostfile {path}: {exc.strerror or exc}") from None
+    hosts: list[str] = []
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields and fields[0] not in hosts:
+            hosts.append(fields[0])
+    if not hosts:
+        raise UsageError(f"--hostfile {path} names no hosts")
+    return hosts
+
+
+def mpirun_command(
+    mpirun: str, np: int, hostfile: Path | None, extra: list[str], worker: list[str], env: dict[str, str]
+) -> list[str]:
+    command = [mpirun]
+    if os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    command += ["-np", str(np), "-npernode", "1"]
+    if hostfile is not None:
+        command += ["--hostfile", str(hostfile)]
+    for name in FORWARDED_ENV:
+        if name in env:
+            command += ["-x", name]
+    return command + extra + worker
+
+
+def run_mpi(
+    req: JobRequest,
+    np: int | None,
+    hostfile: Path | None,
+    mpirun: str,
+    mpirun_args: list[str],
+    max_shards: int | None,
+    expect_nodes: int,
+    runner: str,
+) -> int:
+    if hostfile is None and DLC_HOSTFILE.is_file():
+        hostfile = DLC_HOSTFILE
+    if np is None:
+        if hostfile is None:
+            raise UsageError(f"pass --np N or --hostfile FILE (no {DLC_HOSTFILE} here)")
+        np = len(hostfile_hosts(hostfile))
+    if np < 1:
+        raise UsageError("--np must be at least 1")
+    if expect_nodes > np:
+        raise UsageError(f"--expect-nodes {expect_nodes} is more than the {np} rank(s) mpirun starts")
+    if shutil.which(mpirun) is None:
+        raise UsageError(f"{mpirun!r} not found; install OpenMPI (e.g. apt-get install openmpi-bin) or pass --mpirun PATH")
+
+    message, _ = prepare_job(req)
+    options = ["--runner", runner] + (["--max-shards", str(max_shards)] if max_shards else [])
+    env = worker_env()
+    command = mpirun_command(mpirun, np, hostfile, mpirun_args, worker_command(req.layout.root, *options), env)
+    log.info("%s; starting %d worker(s), one per node: %s", message, np, " ".join(command))
+    proc = subprocess.Popen(command, env=env)
+    interrupted: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        interrupted.append(signal.Signals(signum).name)
+        proc.send_signal(signal.SIGTERM)  # mpirun forwards it to every rank: they drain
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if interrupted:
+        raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
+    if code != EXIT_OK:
+        status = Status(req.layout.root)
+        raise ElasticShardError(
+            f"mpirun exited with code {code}. {status.summary_line()} — fix the cause and run the same command again"
+        )
+    done = finalize(req, expect_nodes)
+    log.info("%s", done.message)
+    return EXIT_OK

@@ -1,0 +1,284 @@
+"""Launchers without Data-Juicer processing: parameter rules, run identity, the two-node wrapper,
+and `dlc` coordination across real processes (fake runner), including failures and takeovers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import TESTS, sample_rows, write_jsonl
+
+from elastic_sharding.errors import UsageError
+from elastic_sharding.launch.broadcast import strict_claim_cap
+from elastic_sharding.launch.coordination import Generation, coordination_root, resolve_run_id
+from elastic_sharding.launch.two_node import with_two_node_defaults
+from elastic_sharding.records import AbortRecord, PhaseLock, decode, encode
+
+# -- strict participation mode -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("nodes", "shards", "cap"), [(3, 6, 2), (2, 3, 2), (1, 1, 1), (4, 4, 1), (2, 4, 2), (3, 7, 3)])
+def test_strict_mode_accepts_combinations_where_every_worker_gets_a_shard(nodes, shards, cap):
+    assert strict_claim_cap(nodes, shards, require_all_nodes=True) == cap
+
+
+@pytest.mark.parametrize(("nodes", "shards"), [(4, 6), (3, 4), (3, 2), (5, 16)])
+def test_strict_mode_refuses_combinations_that_could_leave_a_worker_idle(nodes, shards):
+    with pytest.raises(UsageError, match="impossible to guarantee"):
+        strict_claim_cap(nodes, shards, require_all_nodes=True)
+
+
+def test_strict_mode_needs_nodes_and_elastic_mode_has_no_cap():
+    with pytest.raises(UsageError, match="--require-all-nodes needs --nodes"):
+        strict_claim_cap(None, 4, require_all_nodes=True)
+    assert strict_claim_cap(None, 4, require_all_nodes=False) is None
+    assert strict_claim_cap(8, 4, require_all_nodes=False) is None
+
+
+# -- run identity --------------------------------------------------------------------------------
+
+
+def test_run_id_comes_from_the_flag_then_the_scheduler_environment():
+    env = {"PAI_JOB_ID": "pai", "DLC_JOB_ID": "dlc", "JOB_ID": "job"}
+    assert resolve_run_id("mine", env) == "mine"
+    assert resolve_run_id(None, env) == "pai"
+    assert resolve_run_id(None, {"DLC_JOB_ID": "dlc", "JOB_ID": "job"}) == "dlc"
+    assert resolve_run_id(None, {"JOB_ID": "job"}) == "job"
+    with pytest.raises(UsageError, match="pass --run-id"):
+        resolve_run_id(None, {})
+    with pytest.raises(UsageError, match="single-line"):
+        resolve_run_id("a\nb", {})
+
+
+def test_each_run_id_has_its_own_generation_beside_the_job_dir(tmp_path):
+    a, b = Generation(tmp_path / "job-1", "run-a"), Generation(tmp_path / "job-1", "run-b")
+    assert a.root.parent == b.root.parent == tmp_path / ".job-1.dlc-coordination"
+    assert a.root != b.root
+
+
+# -- the two-node wrapper ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style", ["separate", "equals"])
+def test_two_node_wrapper_adds_only_missing_defaults(style):
+    def opt(name: str, value: str) -> list[str]:
+        return [f"{name}={value}"] if style == "equals" else [name, value]
+
+    argv = with_two_node_defaults(["dlc", *opt("--job-dir", "/s/job")])
+    assert argv == [
+        "dlc",
+        *opt("--job-dir", "/s/job"),
+        "--nodes",
+        "2",
+        "--require-all-nodes",
+        "--output",
+        "/s/job/two-node-merged.jsonl",
+    ]
+    argv = with_two_node_defaults(
+        ["--log-level", "DEBUG", "dlc", *opt("--job-dir", "/j"), *opt("--nodes", "4"), *opt("--output", "/o")]
+    )
+    assert argv == [
+        "--log-level",
+        "DEBUG",
+        "dlc",
+        *opt("--job-dir", "/j"),
+        *opt("--nodes", "4"),
+        *opt("--output", "/o"),
+        "--require-all-nodes",
+    ]
+    assert with_two_node_defaults(["worker", *opt("--job-dir", "/j")])[-2:] == ["--max-shards", "2"]
+    assert (
+        with_two_node_defaults(["worker", *opt("--job-dir", "/j"), *opt("--max-shards", "5")]).count(
+            "--max-shards" if style == "separate" else "--max-shards=5"
+        )
+        == 1
+    )
+    assert with_two_node_defaults(["verify", *opt("--job-dir", "/j")])[-2:] == ["--expect-nodes", "2"]
+    assert with_two_node_defaults(["status", *opt("--job-dir", "/j")]) == ["status", *opt("--job-dir", "/j")]
+
+
+# -- dlc across processes (fake runner) ----------------------------------------------------------
+
+RECIPE = """\
+project_name: launch-test
+dataset_path: {dataset}
+export_path: /tmp/ignored.jsonl
+process:
+  - whitespace_normalization_mapper:
+"""
+
+
+def dlc_instance(tmp_path: Path, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = dict(os.environ, **(env or {}))
+    log = open(tmp_path / f"{name}.log", "w")
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "fake_dlc.py"), "dlc", *args], stdout=subprocess.DEVNULL, stderr=log, env=full_env
+    )
+
+
+def run_instances(tmp_path: Path, count: int, *args: str, env: dict | None = None, tag: str = "") -> list[int]:
+    procs = [dlc_instance(tmp_path, f"{tag}instance-{i}", *args, env=env) for i in range(count)]
+    return [proc.wait(timeout=300) for proc in procs]
+
+
+def logs(tmp_path: Path, tag: str = "") -> str:
+    return "".join(path.read_text() for path in sorted(tmp_path.glob(f"{tag}instance-*.log")))
+
+
+@pytest.fixture
+def dlc_job(tmp_path):
+    dataset = write_jsonl(tmp_path / "input.jsonl", sample_rows(30))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.format(dataset=dataset))
+    job = tmp_path / "job"
+
+    def args(run_id: str, *extra: str) -> list[str]:
+        return [
+            "--config", str(recipe), "--job-dir", str(job), "--num-shards", "3", "--run-id", run_id,
+            "--poll-interval-secs", "0.1", "--lock-timeout-secs", "5", "--heartbeat-interval-secs", "0.5",
+            "--coordinator-lease-secs", "1", "--max-retries", "0", *extra,
+        ]  # fmt: skip
+
+    return job, dataset, args
+
+
+def merged_rows(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_dlc_instances_elect_one_coordinator_per_phase_and_all_succeed(tmp_path, dlc_job):
+    job, _, args = dlc_job
+    assert run_instances(tmp_path, 3, *args("run-1")) == [0, 0, 0]
+    text = logs(tmp_path)
+    assert text.count("elected as DLC prepare coordinator") == 1
+    assert text.count("elected as DLC finalize coordinator") == 1
+    assert text.count("Starting DLC worker on hostname=") == 3
+    assert text.count("PASS: 3 shards were completed by 1 node(s)") == 3
+    assert merged_rows(job / "merged.jsonl") == sample_rows(30)
+    gen = Generation(job, "run-1")
+    assert not gen.path("abort.json").exists() and gen.result("finalize").ok
+    # The same submission again is a no-op that still ends with PASS (the merge is re-verified).
+    assert run_instances(tmp_path, 1, *args("run-1"), tag="again-") == [0]
+    assert "PASS: 3 shards" in logs(tmp_path, "again-")
+
+
+def test_a_failed_shard_ends_every_instance_with_one_code_and_a_new_run_id_recovers(tmp_path, dlc_job):
+    job, _, args = dlc_job
+    codes = run_instances(tmp_path, 3, *args("run-1"), env={"FAKE_FAIL_SHARDS": "part-00001-of-00003"})
+    assert codes == [2, 2, 2]
+    gen = Generation(job, "run-1")
+    abort = decode(AbortRecord, gen.path("abort.json").read_bytes(), "abort.json")
+    assert "part-00001-of-00003 failed" in abort.reason and abort.exit_code == 2
+    assert not gen.lock_path("finalize").exists() and not (job / "merged.jsonl").exists()
+    assert logs(tmp_path).count("failed during") >= 2  # the others report the published failure
+    # The same run id stays failed; a new submission after "fixing" the cause requeues and passes.
+    assert run_instances(tmp_path, 1, *args("run-1"), tag="same-") == [2]
+    assert run_instances(tmp_path, 2, *args("run-2"), tag="new-") == [0, 0]
+    assert "requeued 1 shard(s) that failed in an earlier run" in logs(tmp_path, "new-")
+    assert merged_rows(job / "merged.jsonl") == sample_rows(30)
+
+
+def test_a_prepare_failure_ends_every_instance_and_leaves_no_job(tmp_path, dlc_job):
+    job, dataset, args = dlc_job
+    good = dataset.read_bytes()
+    dataset.write_bytes(good + b"{not json\n")
+    assert run_instances(tmp_path, 3, *args("run-1")) == [2, 2, 2]
+    assert not job.exists()
+    gen = Generation(job, "run-1")
+    result = gen.result("prepare")
+    assert result is not None and not result.ok and "input.jsonl:31" in result.message
+    assert gen.abort_record() is not None and gen.abort_record().phase == "prepare"
+    assert not gen.lock_path("finalize").exists()
+    dataset.write_bytes(good)
+    assert run_instances(tmp_path, 2, *args("run-2"), tag="new-") == [0, 0]
+    assert merged_rows(job / "merged.jsonl") == sample_rows(30)
+
+
+@pytest.mark.parametrize("phase", ["prepare", "finalize"])
+def test_a_dead_coordinator_is_taken_over_within_one_coordinator_lease(tmp_path, dlc_job, phase):
+    job, _, args = dlc_job
+    gen = Generation(job, "run-1")
+    gen.open()
+    # A coordinator that died right after it was elected: its lock, and no heartbeat ever.
+    dead = PhaseLock("run-1", phase, "f" * 32, "gone-host", 999999, time.time())
+    gen.lock_path(phase).write_bytes(encode(dead))
+    started = time.monotonic()
+    assert run_instances(tmp_path, 2, *args("run-1")) == [0, 0]
+    assert time.monotonic() - started < 60, "must not wait for --wait-timeout-secs"
+    text = logs(tmp_path)
+    assert f"DLC {phase} coordinator host=gone-host pid=999999 did not heartbeat" in text
+    assert text.count(f"elected as DLC {phase} coordinator") == 1
+    assert merged_rows(job / "merged.jsonl") == sample_rows(30)
+
+
+def test_waiting_past_wait_timeout_fails_every_instance(tmp_path, dlc_job):
+    job, _, args = dlc_job
+    gen = Generation(job, "run-1")
+    gen.open()
+    gen.lock_path("prepare").write_bytes(encode(PhaseLock("run-1", "prepare", "e" * 32, "slow-host", 1, time.time())))
+    codes = run_instances(tmp_path, 2, *args("run-1", "--wait-timeout-secs", "1", "--coordinator-lease-secs", "3600"))
+    assert codes == [2, 2]
+    assert (
+        "timed out after 1s (--wait-timeout-secs) waiting for the prepare coordinator host=slow-host" in gen.abort_record().reason
+    )
+
+
+def test_parameter_errors_are_refused_before_anything_is_written(tmp_path, run_cli):
+    job = tmp_path / "job"
+    result = run_cli("dlc", "--job-dir", str(job), "--nodes", "4", "--num-shards", "6", "--require-all-nodes", "--run-id", "x")
+    assert result.returncode == 2 and "impossible to guarantee" in result.stderr
+    result = run_cli("dlc", "--job-dir", str(job), "--nodes", "3", "--num-shards", "4", "--require-all-nodes", "--run-id", "x")
+    assert result.returncode == 2 and "impossible to guarantee" in result.stderr
+    env_ids = {name: os.environ.pop(name, None) for name in ("PAI_JOB_ID", "DLC_JOB_ID", "JOB_ID")}
+    try:
+        result = run_cli("dlc", "--job-dir", str(job))
+    finally:
+        os.environ.update({k: v for k, v in env_ids.items() if v is not None})
+    assert result.returncode == 2 and "pass --run-id" in result.stderr
+    assert not job.exists() and not coordination_root(job).exists()
+
+
+def test_local_launcher_hands_back_the_claims_of_a_worker_it_saw_die(make_job):
+    """The local launcher reaped the worker, so it knows the owner is dead: no lease to wait."""
+    from test_faults import fake_worker, wait_for
+
+    from elastic_sharding.launch.common import JobRequest
+    from elastic_sharding.launch.local import _release_claims_of
+    from elastic_sharding.layout import JobLayout, attempt_files
+    from elastic_sharding.lease import read_claim
+    from elastic_sharding.records import SupersededRecord
+
+    job = make_job(rows=10, shards=2, lock_timeout_secs=3600)
+    layout = JobLayout(job)
+    victim = fake_worker(job, "--delay", "60")
+    wait_for(lambda: read_claim(layout, "part-00000-of-00002") is not None)
+    victim.kill()
+    victim.communicate()
+    request = JobRequest(job, None, None, 2, None)  # type: ignore[arg-type]
+    assert _release_claims_of(request, victim.pid + 1) == []
+    assert _release_claims_of(request, victim.pid) == ["part-00000-of-00002"]
+    assert read_claim(layout, "part-00000-of-00002") is None
+    attempt = next(layout.attempts_dir("part-00000-of-00002").iterdir())
+    note = decode(SupersededRecord, attempt_files(attempt)["superseded"].read_bytes(), "superseded.json")
+    assert f"worker process {victim.pid}" in note.reason
+
+
+def test_mpi_command_places_one_worker_per_host(tmp_path):
+    from elastic_sharding.launch.mpi import hostfile_hosts, mpirun_command
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# DLC MPIJob workers\nworker-0 slots=8\nworker-1 slots=8 # gpu\n\nworker-0 slots=8\n")
+    assert hostfile_hosts(hostfile) == ["worker-0", "worker-1"]
+    command = mpirun_command("mpirun", 2, hostfile, ["--mca", "btl", "tcp,self"], ["python", "-m", "w"], {"PYTHONPATH": "/x"})
+    assert command[command.index("-np") : command.index("-np") + 4] == ["-np", "2", "-npernode", "1"]
+    assert command[command.index("--hostfile") + 1] == str(hostfile)
+    assert command[command.index("-x") + 1] == "PYTHONPATH" and command[-6:] == ["--mca", "btl", "tcp,self", "python", "-m", "w"]
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n")
+    with pytest.raises(UsageError, match="names no hosts"):
+        hostfile_hosts(empty)
