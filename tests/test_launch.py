@@ -282,3 +282,37 @@ def test_mpi_command_places_one_worker_per_host(tmp_path):
     empty.write_text("# nothing\n")
     with pytest.raises(UsageError, match="names no hosts"):
         hostfile_hosts(empty)
+
+
+def test_an_instance_started_with_a_different_command_fails_the_submission(tmp_path, dlc_job):
+    job, _, args = dlc_job
+    procs = [
+        dlc_instance(tmp_path, "instance-0", *args("run-1")),
+        dlc_instance(tmp_path, "instance-1", *args("run-1", "--max-retries", "2")),
+    ]
+    assert [proc.wait(timeout=300) for proc in procs] == [2, 2]
+    abort = Generation(job, "run-1").abort_record()
+    assert abort is not None and "differs from the one the job was prepared with" in abort.reason
+    assert "the claim/retry/poll/Ray settings differ" in abort.reason
+
+
+def test_success_and_failure_are_decided_once(tmp_path):
+    """A failure that races a finishing finalize: whichever outcome is published first stands."""
+    gen = Generation(tmp_path / "job", "run-1")
+    gen.open()
+    assert gen.publish_success("PASS") is None
+    assert gen.publish_abort("work", 2, "late failure") is None, "a late failure does not undo a success"
+    assert gen.abort_record() is None and gen.outcome().ok
+
+    gen = Generation(tmp_path / "job", "run-2")
+    gen.open()
+    first = gen.publish_abort("work", 2, "first failure")
+    assert first is not None and first.reason == "first failure"
+    assert gen.publish_abort("finalize", 3, "second failure").reason == "first failure"
+    late = gen.publish_success("PASS")
+    assert late is not None and late.reason == "first failure"
+    # The deciding instance died before writing abort.lock/abort.json: the outcome still tells.
+    gen = Generation(tmp_path / "job", "run-3")
+    gen.open()
+    gen._decide(False, "prepare", 2, "decided, then died")
+    assert gen.abort_record().reason == "decided, then died"

@@ -323,3 +323,18 @@ class AbortRecord:
     host: str
     pid: int
     at: float
+
+
+@dataclass
+class Outcome:
+    """How a submission ended, decided once: the finalize coordinator's success and the first
+    failure race for this one create-once record, so no instance exits 0 while another exits 2."""
+
+    run_id: str
+    ok: bool
+    phase: str
+    exit_code: int
+    reason: str
+    host: str
+    pid: int
+    at: float

@@ -20,9 +20,9 @@ from typing import Any
 from ..errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
 from ..layout import JobLayout
 from ..lease import DONE, FAILED, read_claim
-from ..records import FailureRecord, Manifest, load
+from ..records import FailureRecord, Manifest, PhaseResult, load
 from ..worker import Worker, WorkerOptions
-from .common import JobRequest, finalize, prepare_job
+from .common import JobRequest, check_same_request, finalize, prepare_job
 from .coordination import FINALIZE, PREPARE, Generation, aborted, resolve_run_id, run_phase
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,10 @@ class _Instance:
         lease, poll, wait = opts.coordinator_lease_secs, opts.poll_interval_secs, opts.wait_timeout_secs
         try:
             self.phase = PREPARE
-            self._check(run_phase(self.gen, PREPARE, lambda: prepare_job(opts.job), lease, poll, wait))
+            prepared = run_phase(self.gen, PREPARE, lambda: prepare_job(opts.job), lease, poll, wait)
+            self._check(prepared)
+            if not self._is_mine(prepared):
+                check_same_request(opts.job)
             self.phase = "work"
             self._work()
             self.phase = "wait"
@@ -117,18 +120,24 @@ class _Instance:
         except Interrupted:
             raise
         except ElasticShardError as exc:
-            if self.gen.abort_record() is None:
-                record = self.gen.publish_abort(self.phase, exc.exit_code, str(exc))
+            if self.gen.abort_record() is not None:
+                raise
+            record = self.gen.publish_abort(self.phase, exc.exit_code, str(exc))
+            if record is not None:
                 raise aborted(record) from None
-            raise
+            log.warning("this instance failed after the run had already succeeded; exiting like every other instance: %s", exc)
+            return EXIT_OK
         except Exception as exc:
             # A crash of this instance still ends every other instance with one code.
             if self.gen.abort_record() is None:
                 self.gen.publish_abort(self.phase, EXIT_ERROR, f"{type(exc).__name__}: {exc} (host={self.host})")
             raise
-        if result.host != self.host or result.details.get("pid") != os.getpid():
+        if not self._is_mine(result):
             log.info("finalized by hostname=%s: %s", result.host, result.message)
         return EXIT_OK
+
+    def _is_mine(self, result: PhaseResult) -> bool:
+        return result.host == self.host and result.details.get("pid") == os.getpid()
 
     def _check(self, result: Any) -> None:
         if not result.ok:
@@ -215,8 +224,11 @@ class _Instance:
 
     def _finalize(self, expect_nodes: int) -> tuple[str, dict[str, Any]]:
         done = finalize(self.opts.job, expect_nodes)
+        first_failure = self.gen.publish_success(done.message)
+        if first_failure is not None:
+            raise aborted(first_failure)
         log.info("%s", done.message)
-        details = {"shards": done.shards, "hosts": done.hosts, "output": str(done.output), "rows": done.rows, "pid": os.getpid()}
+        details = {"shards": done.shards, "hosts": done.hosts, "output": str(done.output), "rows": done.rows}
         return done.message, details
 
 

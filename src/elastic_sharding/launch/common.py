@@ -72,6 +72,16 @@ def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
     return message, {"created": result.created, "shards": len(manifest.shards), "rows": manifest.total_rows, "requeued": requeued}
 
 
+def check_same_request(req: JobRequest) -> None:
+    """An instance that did not prepare checks that the job is the one its own command asks for
+    (same recipe, input, shard count and settings): a no-op `prepare` that refuses a mismatch."""
+    config, base = recipe_and_base(req.config)
+    try:
+        prepare(PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base))
+    except ElasticShardError as exc:
+        raise UsageError(f"this instance's command differs from the one the job was prepared with: {exc}") from None
+
+
 @dataclass
 class Finalized:
     shards: int

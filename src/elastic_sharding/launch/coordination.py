@@ -8,8 +8,10 @@ clock, like shard claims) is taken over. The phases are idempotent (prepare publ
 directory atomically and is a no-op when repeated; finalize re-verifies an existing merge), so
 a slow coordinator that was taken over can at worst repeat work, never corrupt it.
 
-The first failure of any instance is published once as `abort.lock` (the election) and
-`abort.json` (the record); every instance that sees it stops and exits with its exit code.
+The first failure of any instance is published once as `abort.lock` and `abort.json`; every
+instance that sees it stops and exits with its exit code. Success and failure are decided by one
+create-once `outcome.json` first, so a failure that races a finishing finalize cannot leave some
+instances exiting 0 and others 2.
 
 Each run id gets its own generation directory, so a new submission never sees the terminal
 state of an earlier one and can recover an unchanged job directory.
@@ -29,7 +31,7 @@ from typing import Any
 from .. import fsops
 from ..errors import EXIT_ERROR, Aborted, ElasticShardError, Interrupted, UsageError
 from ..lease import LeaseKeeper, StalenessObserver, new_token, remove_if_token
-from ..records import AbortRecord, Heartbeat, PhaseLock, PhaseResult, RunRecord, decode, encode
+from ..records import AbortRecord, Heartbeat, Outcome, PhaseLock, PhaseResult, RunRecord, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +102,18 @@ class Generation:
 
     # -- the first failure ------------------------------------------------------------------
 
+    def outcome(self) -> Outcome | None:
+        return _read(self.path("outcome.json"), Outcome)
+
     def abort_record(self) -> AbortRecord | None:
-        record = _read(self.path("abort.json"), AbortRecord)
+        record = _read(self.path("abort.json"), AbortRecord) or _read(self.path("abort.lock"), AbortRecord)
         if record is None:
-            # The winner of abort.lock died before writing abort.json: the lock holds the record.
-            record = _read(self.path("abort.lock"), AbortRecord)
+            # The instance that decided the failure died before writing abort.lock/abort.json.
+            outcome = self.outcome()
+            if outcome is not None and not outcome.ok:
+                record = AbortRecord(
+                    outcome.run_id, outcome.phase, outcome.exit_code, outcome.reason, outcome.host, outcome.pid, outcome.at
+                )
         return record
 
     def raise_if_aborted(self) -> None:
@@ -112,14 +121,32 @@ class Generation:
         if record is not None:
             raise aborted(record)
 
-    def publish_abort(self, phase: str, exit_code: int, reason: str) -> AbortRecord:
-        """Publish this failure unless another was first; returns the one every instance uses."""
+    def _decide(self, ok: bool, phase: str, exit_code: int, reason: str) -> bool:
+        outcome = Outcome(self.run_id, ok, phase, exit_code, reason, self.host, os.getpid(), time.time())
+        return fsops.publish_once(self.path("outcome.json"), encode(outcome))
+
+    def publish_abort(self, phase: str, exit_code: int, reason: str) -> AbortRecord | None:
+        """Publish this failure unless another outcome was first. Returns the failure every
+        instance uses, or None if the submission had already succeeded."""
         record = AbortRecord(self.run_id, phase, exit_code, reason, self.host, os.getpid(), time.time())
-        if fsops.publish_once(self.path("abort.lock"), encode(record)):
+        if self._decide(False, phase, exit_code, reason):
+            fsops.publish_once(self.path("abort.lock"), encode(record))
             fsops.publish_once(self.path("abort.json"), encode(record))
             log.error("published the first failure of run %s (%s phase, exit code %d): %s", self.run_id, phase, exit_code, reason)
             return record
+        outcome = self.outcome()
+        if outcome is not None and outcome.ok:
+            return None
         return self.abort_record() or record
+
+    def publish_success(self, message: str) -> AbortRecord | None:
+        """Decide that the submission succeeded; returns the failure that came first, if one did."""
+        if self._decide(True, FINALIZE, 0, message):
+            return None
+        outcome = self.outcome()
+        if outcome is not None and outcome.ok:
+            return None
+        return self.abort_record()
 
     # -- phase results ----------------------------------------------------------------------
 
@@ -233,7 +260,9 @@ def run_phase(
                 f"timed out after {wait_timeout:.0f}s (--wait-timeout-secs) waiting for the {phase} coordinator "
                 f"host={lock.host} pid={lock.pid}",
             )
-            raise aborted(record)
+            if record is not None:
+                raise aborted(record)
+            continue  # it succeeded at the last moment: read the result
         time.sleep(poll)
 
 
@@ -245,6 +274,7 @@ def _coordinate(gen: Generation, lock: PhaseLock, work: Callable[[], tuple[str, 
     keeper.start()
     try:
         message, details = work()
+        details = {**details, "pid": os.getpid()}
         result = PhaseResult(gen.run_id, lock.phase, True, 0, message, gen.host, time.time(), details)
     except (Interrupted, KeyboardInterrupt):
         # Hand the phase to another instance at once instead of after a lease.
