@@ -286,9 +286,10 @@ def test_mpi_command_places_one_worker_per_host(tmp_path):
 
 def test_an_instance_started_with_a_different_command_fails_the_submission(tmp_path, dlc_job):
     job, _, args = dlc_job
+    slow = {"FAKE_DELAY": "1"}  # the mismatch is found right after prepare, long before the end
     procs = [
-        dlc_instance(tmp_path, "instance-0", *args("run-1")),
-        dlc_instance(tmp_path, "instance-1", *args("run-1", "--max-retries", "2")),
+        dlc_instance(tmp_path, "instance-0", *args("run-1"), env=slow),
+        dlc_instance(tmp_path, "instance-1", *args("run-1", "--max-retries", "2"), env=slow),
     ]
     assert [proc.wait(timeout=300) for proc in procs] == [2, 2]
     abort = Generation(job, "run-1").abort_record()
