@@ -317,3 +317,26 @@ def test_success_and_failure_are_decided_once(tmp_path):
     gen.open()
     gen._decide(False, "prepare", 2, "decided, then died")
     assert gen.abort_record().reason == "decided, then died"
+
+
+def test_sigterm_drains_an_instance_without_failing_the_submission(tmp_path, dlc_job):
+    import signal
+
+    from test_faults import wait_for
+
+    from elastic_sharding.layout import JobLayout
+    from elastic_sharding.lease import read_claim
+
+    job, _, args = dlc_job
+    proc = dlc_instance(tmp_path, "instance-0", *args("run-1"), env={"FAKE_DELAY": "60"})
+    layout = JobLayout(job)
+    wait_for(lambda: job.exists() and read_claim(layout, "part-00000-of-00003") is not None, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 2
+    assert read_claim(layout, "part-00000-of-00003") is None, "the shard is handed back at once"
+    gen = Generation(job, "run-1")
+    assert gen.abort_record() is None and gen.outcome() is None, "a drained instance does not fail the others"
+    assert "received SIGTERM" in (tmp_path / "instance-0.log").read_text()
+    # Another instance of the same submission finishes the job.
+    assert run_instances(tmp_path, 1, *args("run-1"), tag="rest-") == [0]
+    assert merged_rows(job / "merged.jsonl") == sample_rows(30)
