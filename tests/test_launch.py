@@ -17,7 +17,7 @@ from elastic_sharding.errors import UsageError
 from elastic_sharding.launch.broadcast import strict_claim_cap
 from elastic_sharding.launch.coordination import Generation, coordination_root, resolve_run_id
 from elastic_sharding.launch.two_node import with_two_node_defaults
-from elastic_sharding.records import AbortRecord, PhaseLock, decode, encode
+from elastic_sharding.records import Outcome, PhaseLock, decode, encode
 
 # -- strict participation mode -------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ def test_a_failed_shard_ends_every_instance_with_one_code_and_a_new_run_id_recov
     codes = run_instances(tmp_path, 3, *args("run-1"), env={"FAKE_FAIL_SHARDS": "part-00001-of-00003"})
     assert codes == [2, 2, 2]
     gen = Generation(job, "run-1")
-    abort = decode(AbortRecord, gen.path("abort.json").read_bytes(), "abort.json")
+    abort = decode(Outcome, gen.path("abort.json").read_bytes(), "abort.json")
     assert "part-00001-of-00003 failed" in abort.reason and abort.exit_code == 2
     assert not gen.lock_path("finalize").exists() and not (job / "merged.jsonl").exists()
     assert logs(tmp_path).count("failed during") >= 2  # the others report the published failure
@@ -315,7 +315,7 @@ def test_success_and_failure_are_decided_once(tmp_path):
     # The deciding instance died before writing abort.lock/abort.json: the outcome still tells.
     gen = Generation(tmp_path / "job", "run-3")
     gen.open()
-    gen._decide(False, "prepare", 2, "decided, then died")
+    gen._decide(gen._outcome(False, "prepare", 2, "decided, then died"))
     assert gen.abort_record().reason == "decided, then died"
 
 

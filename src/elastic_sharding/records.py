@@ -313,22 +313,10 @@ class PhaseResult:
 
 
 @dataclass
-class AbortRecord:
-    """The first failure of a submission: every instance exits with its `exit_code`."""
-
-    run_id: str
-    phase: str
-    exit_code: int
-    reason: str
-    host: str
-    pid: int
-    at: float
-
-
-@dataclass
 class Outcome:
-    """How a submission ended, decided once: the finalize coordinator's success and the first
-    failure race for this one create-once record, so no instance exits 0 while another exits 2."""
+    """How a submission ended. The finalize coordinator's success and the first failure race
+    for one create-once `outcome.json`, so no instance exits 0 while another exits 2; a failure
+    is also kept as `abort.lock`/`abort.json`, and every instance exits with its `exit_code`."""
 
     run_id: str
     ok: bool

@@ -31,7 +31,7 @@ from typing import Any
 from .. import fsops
 from ..errors import EXIT_ERROR, Aborted, ElasticShardError, Interrupted, UsageError
 from ..lease import LeaseKeeper, StalenessObserver, new_token, remove_if_token
-from ..records import AbortRecord, Heartbeat, Outcome, PhaseLock, PhaseResult, RunRecord, decode, encode
+from ..records import Heartbeat, Outcome, PhaseLock, PhaseResult, RunRecord, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -105,31 +105,31 @@ class Generation:
     def outcome(self) -> Outcome | None:
         return _read(self.path("outcome.json"), Outcome)
 
-    def abort_record(self) -> AbortRecord | None:
-        record = _read(self.path("abort.json"), AbortRecord) or _read(self.path("abort.lock"), AbortRecord)
-        if record is None:
-            # The instance that decided the failure died before writing abort.lock/abort.json.
-            outcome = self.outcome()
-            if outcome is not None and not outcome.ok:
-                record = AbortRecord(
-                    outcome.run_id, outcome.phase, outcome.exit_code, outcome.reason, outcome.host, outcome.pid, outcome.at
-                )
-        return record
+    def abort_record(self) -> Outcome | None:
+        """The submission's failure, if it failed (from `outcome.json` too, in case the deciding
+        instance died before writing abort.lock/abort.json)."""
+        for name in ("abort.json", "abort.lock", "outcome.json"):
+            record = _read(self.path(name), Outcome)
+            if record is not None:
+                return None if record.ok else record
+        return None
 
     def raise_if_aborted(self) -> None:
         record = self.abort_record()
         if record is not None:
             raise aborted(record)
 
-    def _decide(self, ok: bool, phase: str, exit_code: int, reason: str) -> bool:
-        outcome = Outcome(self.run_id, ok, phase, exit_code, reason, self.host, os.getpid(), time.time())
+    def _outcome(self, ok: bool, phase: str, exit_code: int, reason: str) -> Outcome:
+        return Outcome(self.run_id, ok, phase, exit_code, reason, self.host, os.getpid(), time.time())
+
+    def _decide(self, outcome: Outcome) -> bool:
         return fsops.publish_once(self.path("outcome.json"), encode(outcome))
 
-    def publish_abort(self, phase: str, exit_code: int, reason: str) -> AbortRecord | None:
+    def publish_abort(self, phase: str, exit_code: int, reason: str) -> Outcome | None:
         """Publish this failure unless another outcome was first. Returns the failure every
         instance uses, or None if the submission had already succeeded."""
-        record = AbortRecord(self.run_id, phase, exit_code, reason, self.host, os.getpid(), time.time())
-        if self._decide(False, phase, exit_code, reason):
+        record = self._outcome(False, phase, exit_code, reason)
+        if self._decide(record):
             fsops.publish_once(self.path("abort.lock"), encode(record))
             fsops.publish_once(self.path("abort.json"), encode(record))
             log.error("published the first failure of run %s (%s phase, exit code %d): %s", self.run_id, phase, exit_code, reason)
@@ -139,9 +139,9 @@ class Generation:
             return None
         return self.abort_record() or record
 
-    def publish_success(self, message: str) -> AbortRecord | None:
+    def publish_success(self, message: str) -> Outcome | None:
         """Decide that the submission succeeded; returns the failure that came first, if one did."""
-        if self._decide(True, FINALIZE, 0, message):
+        if self._decide(self._outcome(True, FINALIZE, 0, message)):
             return None
         outcome = self.outcome()
         if outcome is not None and outcome.ok:
@@ -170,7 +170,7 @@ class Generation:
             return None
 
 
-def aborted(record: AbortRecord) -> Aborted:
+def aborted(record: Outcome) -> Aborted:
     return Aborted(
         f"run {record.run_id} failed during {record.phase} on host={record.host} (exit code {record.exit_code}): "
         f"{record.reason}. Fix the cause, then submit again with a new run id: the job directory is reused and "
