@@ -223,7 +223,18 @@ def _check_locations(job_dir: Path, dataset: Path) -> None:
         raise UsageError(f"the dataset {dataset} is inside --job-dir {job_dir}; put the job directory elsewhere")
 
 
-def prepare(req: PrepareRequest) -> PrepareResult:
+@dataclass
+class _Checked:
+    base: Path
+    config_path: Path
+    config_sha: str
+    dataset: Path
+    job: JobLayout
+
+
+def preflight(req: PrepareRequest) -> _Checked:
+    """The checks that need no input scan and no Data-Juicer: settings, the recipe file, where the
+    dataset and the job directory are. Launchers run them before writing anything."""
     validate_settings(req.settings)
     if req.num_shards < 1:
         raise UsageError("--num-shards must be at least 1")
@@ -238,6 +249,20 @@ def prepare(req: PrepareRequest) -> PrepareResult:
     dataset = Path(os.path.abspath(base / dataset_value))
     job = JobLayout(Path(os.path.abspath(req.job_dir)))
     _check_locations(job.root, dataset)
+    if not job.root.parent.is_dir():
+        raise UsageError(f"the parent directory of --job-dir does not exist: {job.root.parent}")
+    return _Checked(base, config_path, config_sha, dataset, job)
+
+
+def prepare(req: PrepareRequest) -> PrepareResult:
+    checked = preflight(req)
+    base, config_path, config_sha, dataset, job = (
+        checked.base,
+        checked.config_path,
+        checked.config_sha,
+        checked.dataset,
+        checked.job,
+    )
     request = Request(
         config_path=str(config_path),
         config_sha256=config_sha,
@@ -254,8 +279,6 @@ def prepare(req: PrepareRequest) -> PrepareResult:
     for warning in recipe.warnings:
         log.warning("%s", warning)
     kind, root, files = _discover(dataset)
-    if not job.root.parent.is_dir():
-        raise UsageError(f"the parent directory of --job-dir does not exist: {job.root.parent}")
     stage = job.root.parent / f".{job.root.name}.staging-{secrets.token_hex(4)}"
     stage.mkdir()
     try:

@@ -81,6 +81,17 @@ class Status:
             "launcher_runs": self.runs,
         }
 
+    def errors(self, failed_only: bool = False) -> list[str]:
+        """`<shard> last error: <root cause> (log: <path>)` for failed (and retrying) shards."""
+        lines = []
+        for v in self.views:
+            if v.state == FAILED or (not failed_only and v.last_error and v.state != DONE):
+                log_hint = ""
+                if v.failure is not None:
+                    log_hint = f" (log: {self.layout.attempt_dir(v.shard_id, v.failure.last_attempt_id) / 'process.log'})"
+                lines.append(f"{v.shard_id} last error: {v.last_error}{log_hint}")
+        return lines
+
     def summary_line(self) -> str:
         parts = ", ".join(f"{n} {state}" for state, n in self.counts.items())
         done_rows = sum(v.spec.rows for v in self.views if v.state == DONE)
@@ -98,12 +109,7 @@ class Status:
                     f"{v.shard_id:<22} {v.state:<8} {v.spec.rows:>9} {(v.owner or '-')[:20]:<20} "
                     f"{_age(took):>8} {v.failures:>5}  {v.attempt_id or '-'}"
                 )
-        for v in self.views:
-            if v.state == FAILED or (v.last_error and v.state != DONE):
-                log_hint = ""
-                if v.failure is not None:
-                    log_hint = f" (log: {self.layout.attempt_dir(v.shard_id, v.failure.last_attempt_id) / 'process.log'})"
-                lines.append(f"  {v.shard_id} last error: {v.last_error}{log_hint}")
+        lines += [f"  {line}" for line in self.errors()]
         if self.counts["stale"]:
             lines.append(
                 "  stale = no heartbeat for longer than the lock timeout by this machine's clock (an estimate); "

@@ -22,12 +22,10 @@ from ..layout import JobLayout
 from ..lease import DONE, FAILED, read_claim
 from ..records import FailureRecord, Manifest, PhaseResult, load
 from ..worker import Worker, WorkerOptions
-from .common import JobRequest, check_same_request, finalize, prepare_job
-from .coordination import FINALIZE, PREPARE, Generation, aborted, resolve_run_id, run_phase
+from .common import JobRequest, check_same_request, finalize, preflight_job, prepare_job
+from .coordination import FINALIZE, PREPARE, PROGRESS_LOG_SECS, Generation, aborted, resolve_run_id, run_phase
 
 log = logging.getLogger(__name__)
-
-PROGRESS_LOG_SECS = 60.0
 
 
 @dataclass
@@ -251,6 +249,7 @@ def _shard_state(layout: JobLayout, shard_id: str) -> tuple[str, str]:
 def run_dlc(opts: DlcOptions) -> int:
     cap = strict_claim_cap(opts.nodes, opts.job.num_shards, opts.require_all_nodes)
     run_id = resolve_run_id(opts.run_id, os.environ)
+    preflight_job(opts.job)
     instance = _Instance(opts, cap, run_id)
     previous = {sig: signal.signal(sig, instance.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

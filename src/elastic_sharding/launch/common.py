@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import ElasticShardError, UsageError
 from ..layout import JobLayout
 from ..merge import merge
-from ..prepare import PrepareRequest, prepare
+from ..prepare import PrepareRequest, preflight, prepare
 from ..records import Settings
 from ..retry import retry
 from ..runners.process import set_parent_death_signal
@@ -58,11 +58,20 @@ def recipe_and_base(config: Path | None) -> tuple[Path, Path | None]:
     return DEMO_RECIPE, PROJECT_ROOT
 
 
+def prepare_request(req: JobRequest) -> PrepareRequest:
+    config, base = recipe_and_base(req.config)
+    return PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base)
+
+
+def preflight_job(req: JobRequest) -> None:
+    """Refuse bad parameters before a launcher writes anything (no coordination state either)."""
+    preflight(prepare_request(req))
+
+
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
     """Prepare (a no-op when already prepared identically), then requeue shards that failed in an
     earlier run of the same job: relaunching after fixing the cause is how a user retries."""
-    config, base = recipe_and_base(req.config)
-    result = prepare(PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base))
+    result = prepare(prepare_request(req))
     requeued = retry(req.job_dir, all_failed=True)
     if requeued:
         log.warning("requeued %d shard(s) that failed in an earlier run: %s", len(requeued), ", ".join(requeued))
@@ -75,9 +84,8 @@ def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
 def check_same_request(req: JobRequest) -> None:
     """An instance that did not prepare checks that the job is the one its own command asks for
     (same recipe, input, shard count and settings): a no-op `prepare` that refuses a mismatch."""
-    config, base = recipe_and_base(req.config)
     try:
-        prepare(PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base))
+        prepare(prepare_request(req))
     except ElasticShardError as exc:
         raise UsageError(f"this instance's command differs from the one the job was prepared with: {exc}") from None
 

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 RUN_ID_VARIABLES = ("PAI_JOB_ID", "DLC_JOB_ID", "JOB_ID")
 PREPARE, FINALIZE = "prepare", "finalize"
 MAX_COORDINATOR_HEARTBEAT = 10.0
+PROGRESS_LOG_SECS = 60.0
 
 
 def resolve_run_id(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -94,8 +95,6 @@ class Generation:
         return self.root / f"{phase}-result.json"
 
     def open(self) -> None:
-        if not self.job_dir.parent.is_dir():
-            raise UsageError(f"the parent directory of --job-dir does not exist: {self.job_dir.parent}")
         (self.root / "stale").mkdir(parents=True, exist_ok=True)
         record = RunRecord(self.run_id, str(self.job_dir), f"{self.host}:{os.getpid()}", time.time())
         fsops.publish_once(self.path("run.json"), encode(record))
@@ -223,6 +222,7 @@ def run_phase(
     deadline = time.monotonic() + wait_timeout
     took_over_from: str | None = None
     waiting_on: str | None = None
+    next_note = 0.0
     while True:
         gen.raise_if_aborted()
         result = gen.result(phase)
@@ -233,12 +233,22 @@ def run_phase(
             mine = PhaseLock(gen.run_id, phase, new_token(), gen.host, os.getpid(), time.time(), took_over_from)
             if fsops.publish_once(gen.lock_path(phase), encode(mine)):
                 return _coordinate(gen, mine, work, lease)
+            time.sleep(poll)  # another instance won; its record may not be visible here yet
             continue
-        if waiting_on != lock.token:
-            waiting_on = lock.token
-            log.info("waiting for the DLC %s coordinator host=%s pid=%d (run %s)", phase, lock.host, lock.pid, gen.run_id)
         beat = gen.phase_heartbeat(phase)
         seq = beat.seq if beat is not None and beat.token == lock.token else 0
+        if waiting_on != lock.token or time.monotonic() >= next_note:
+            verb = "waiting" if waiting_on != lock.token else "still waiting"
+            waiting_on, next_note = lock.token, time.monotonic() + PROGRESS_LOG_SECS
+            log.info(
+                "%s for the DLC %s coordinator host=%s pid=%d (run %s, heartbeat %d)",
+                verb,
+                phase,
+                lock.host,
+                lock.pid,
+                gen.run_id,
+                seq,
+            )
         if observer.is_stale(phase, lock.token, seq):
             unchanged = observer.unchanged_for(phase)
             observer.forget(phase)
@@ -314,6 +324,7 @@ def generations(job_dir: Path) -> list[dict[str, Any]]:
             continue
         gen = Generation(job_dir, run.run_id)
         entry: dict[str, Any] = {"run_id": run.run_id, "dir": str(directory), "created_at": run.created_at}
+        entry.update({phase: {"state": "unreadable"} for phase in (PREPARE, FINALIZE)})
         try:
             for phase in (PREPARE, FINALIZE):
                 result = gen.result(phase)

@@ -97,8 +97,8 @@ def run_local(req: JobRequest, workers: int, runner: str) -> int:
         raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
     status = Status(req.layout.root)
     if status.exit_code != EXIT_OK:
-        detail = "; ".join(failures) if failures else "workers stopped early"
-        raise ElasticShardError(f"{detail}. {status.summary_line()} — run the same command again to resume")
+        detail = "; ".join(failures + status.errors(failed_only=True)) or "workers stopped early"
+        raise ElasticShardError(f"{detail}. {status.summary_line()}. Fix the cause and run the same command again to resume")
     done = finalize(req, expect_nodes=1)
     log.info("%s", done.message)
     return EXIT_OK

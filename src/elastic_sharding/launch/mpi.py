@@ -101,9 +101,8 @@ def run_mpi(
         raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
     if code != EXIT_OK:
         status = Status(req.layout.root)
-        raise ElasticShardError(
-            f"mpirun exited with code {code}. {status.summary_line()} — fix the cause and run the same command again"
-        )
+        detail = "; ".join([f"mpirun exited with code {code}", *status.errors(failed_only=True)])
+        raise ElasticShardError(f"{detail}. {status.summary_line()}. Fix the cause and run the same command again to resume")
     done = finalize(req, expect_nodes)
     log.info("%s", done.message)
     return EXIT_OK
