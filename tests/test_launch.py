@@ -240,7 +240,19 @@ def test_parameter_errors_are_refused_before_anything_is_written(tmp_path, run_c
     finally:
         os.environ.update({k: v for k, v in env_ids.items() if v is not None})
     assert result.returncode == 2 and "pass --run-id" in result.stderr
-    assert not job.exists() and not coordination_root(job).exists()
+    data_dir = tmp_path / "data"
+    write_jsonl(data_dir / "part.jsonl", sample_rows(5))
+    inside = data_dir / "job"
+    result = run_cli("dlc", "--job-dir", str(inside), "--dataset-path", str(data_dir), "--run-id", "x")
+    assert result.returncode == 2 and "is inside the dataset directory" in result.stderr
+    result = run_cli("dlc", "--job-dir", str(job), "--config", str(tmp_path / "missing.yaml"), "--run-id", "x")
+    assert result.returncode == 2 and "missing.yaml" in result.stderr
+    for command in ("dlc", "local", "mpi"):
+        extra = ["--run-id", "x"] if command == "dlc" else ["--np", "1"] if command == "mpi" else []
+        result = run_cli(command, "--job-dir", str(job), "--output", str(tmp_path / "no" / "out.jsonl"), *extra)
+        assert result.returncode == 2 and "the directory of --output does not exist" in result.stderr, (command, result.stderr)
+    for job_dir in (job, inside):
+        assert not job_dir.exists() and not coordination_root(job_dir).exists()
 
 
 def test_local_launcher_hands_back_the_claims_of_a_worker_it_saw_die(make_job):

@@ -198,3 +198,18 @@ def test_local_mode_runs_a_whole_job_with_worker_processes(tmp_path, demo_baseli
     assert lines(out) == demo_baseline
     again = run_script(DLC_JOB, "local", "--job-dir", str(job), "--workers", "2", "--output", str(out))
     assert "already this job's verified merge" in again.stderr
+
+
+def test_local_mode_failure_names_the_root_cause_and_a_rerun_resumes(tmp_path):
+    recipe, _, fixed = explode_job(tmp_path)
+    job = tmp_path / "job"
+    args = ("local", "--config", str(recipe), "--job-dir", str(job), "--num-shards", "3", "--max-retries", "0")
+    failed = run_script(DLC_JOB, *args, check=False)
+    assert failed.returncode == 2
+    error = failed.stderr.strip().splitlines()[-1]
+    assert "part-00001-of-00003 last error: dj-process exited with code 1: ValueError: row contains the marker EXPLODE" in error
+    assert "run the same command again" in error and not (job / "merged.jsonl").exists()
+    fixed.touch()
+    again = run_script(DLC_JOB, *args)
+    assert "requeued 1 shard(s) that failed in an earlier run" in again.stderr
+    assert [orjson.loads(line)["id"] for line in lines(job / "merged.jsonl")] == list(range(18))

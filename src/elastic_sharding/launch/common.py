@@ -64,8 +64,15 @@ def prepare_request(req: JobRequest) -> PrepareRequest:
 
 
 def preflight_job(req: JobRequest) -> None:
-    """Refuse bad parameters before a launcher writes anything (no coordination state either)."""
+    """Refuse bad parameters before a launcher writes or processes anything: a wrong `--output`
+    found only at the merge would waste the whole run."""
     preflight(prepare_request(req))
+    if req.output is not None:
+        output = req.output_path
+        if output.is_dir():
+            raise UsageError(f"--output {output} is a directory")
+        if not output.parent.is_dir():
+            raise UsageError(f"the directory of --output does not exist: {output.parent}")
 
 
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:

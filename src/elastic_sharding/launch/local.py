@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import EXIT_OK, ElasticShardError, Interrupted
 from ..lease import RUNNING, Claims, read_claim
 from ..report import Status
-from .common import JobRequest, drain_with_parent, finalize, prepare_job, worker_command, worker_env
+from .common import JobRequest, drain_with_parent, finalize, preflight_job, prepare_job, worker_command, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ def _exit_text(code: int) -> str:
 
 
 def run_local(req: JobRequest, workers: int, runner: str) -> int:
+    preflight_job(req)
+    if workers > req.num_shards:
+        log.warning(
+            "--workers %d > --num-shards %d: %d worker(s) will have nothing to do",
+            workers,
+            req.num_shards,
+            workers - req.num_shards,
+        )
     message, _ = prepare_job(req)
     log.info("%s; starting %d local worker process(es)", message, workers)
     command = worker_command(req.layout.root, "--runner", runner)

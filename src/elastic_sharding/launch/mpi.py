@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import EXIT_OK, ElasticShardError, Interrupted, UsageError
 from ..report import Status
-from .common import JobRequest, finalize, prepare_job, worker_command, worker_env
+from .common import JobRequest, finalize, preflight_job, prepare_job, worker_command, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ def run_mpi(
         raise UsageError(f"--expect-nodes {expect_nodes} is more than the {np} rank(s) mpirun starts")
     if shutil.which(mpirun) is None:
         raise UsageError(f"{mpirun!r} not found; install OpenMPI (e.g. apt-get install openmpi-bin) or pass --mpirun PATH")
+    preflight_job(req)
 
     message, _ = prepare_job(req)
     options = ["--runner", runner] + (["--max-shards", str(max_shards)] if max_shards else [])
