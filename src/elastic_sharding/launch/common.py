@@ -71,7 +71,7 @@ def preflight_job(req: JobRequest) -> None:
         output = req.output_path
         if output.is_dir():
             raise UsageError(f"--output {output} is a directory")
-        if not output.parent.is_dir():
+        if output.parent != req.layout.root and not output.parent.is_dir():
             raise UsageError(f"the directory of --output does not exist: {output.parent}")
 
 
