@@ -18,6 +18,7 @@ from elastic_sharding.launch.broadcast import strict_claim_cap
 from elastic_sharding.launch.coordination import Generation, coordination_root, resolve_run_id
 from elastic_sharding.launch.two_node import with_two_node_defaults
 from elastic_sharding.records import Outcome, PhaseLock, decode, encode
+from elastic_sharding.report import Status
 
 # -- strict participation mode -------------------------------------------------------------------
 
@@ -162,6 +163,10 @@ def test_dlc_instances_elect_one_coordinator_per_phase_and_all_succeed(tmp_path,
     assert merged_rows(job / "merged.jsonl") == sample_rows(30)
     gen = Generation(job, "run-1")
     assert not gen.path("abort.json").exists() and gen.result("finalize").ok
+    runs = Status(job).as_json()["launcher_runs"]
+    assert [(r["run_id"], r["prepare"]["state"], r["finalize"]["state"], r["abort"]) for r in runs] == [
+        ("run-1", "ok", "ok", None)
+    ]
     # The same submission again is a no-op that still ends with PASS (the merge is re-verified).
     assert run_instances(tmp_path, 1, *args("run-1"), tag="again-") == [0]
     assert "PASS: 3 shards" in logs(tmp_path, "again-")
@@ -176,6 +181,9 @@ def test_a_failed_shard_ends_every_instance_with_one_code_and_a_new_run_id_recov
     assert "part-00001-of-00003 failed" in abort.reason and abort.exit_code == 2
     assert not gen.lock_path("finalize").exists() and not (job / "merged.jsonl").exists()
     assert logs(tmp_path).count("failed during") >= 2  # the others report the published failure
+    (run,) = Status(job).as_json()["launcher_runs"]
+    assert run["finalize"]["state"] == "not started" and run["abort"]["phase"] == "work"
+    assert "dlc run run-1: prepare ok" in Status(job).text(False) and "FAILED in work" in Status(job).text(False)
     # The same run id stays failed; a new submission after "fixing" the cause requeues and passes.
     assert run_instances(tmp_path, 1, *args("run-1"), tag="same-") == [2]
     assert run_instances(tmp_path, 2, *args("run-2"), tag="new-") == [0, 0]
@@ -352,3 +360,27 @@ def test_sigterm_drains_an_instance_without_failing_the_submission(tmp_path, dlc
     # Another instance of the same submission finishes the job.
     assert run_instances(tmp_path, 1, *args("run-1"), tag="rest-") == [0]
     assert merged_rows(job / "merged.jsonl") == sample_rows(30)
+
+
+def test_dlc_job_prepare_then_dlc_is_one_and_the_same_job(tmp_path, dlc_job, monkeypatch):
+    """`dlc_job.py prepare` uses the launchers' defaults, so `dlc` afterwards finds its own job."""
+    from elastic_sharding.cli import main
+
+    job, _, args = dlc_job
+    recipe = args("x")[1]
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare", "--config", recipe, "--job-dir", str(job)], profile="dlc") == 0
+    code = subprocess.run(
+        [sys.executable, str(TESTS / "fake_dlc.py"), "dlc", "--config", recipe, "--job-dir", str(job), "--run-id", "r"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert code.returncode == 0, code.stderr[-3000:]
+    assert "already prepared with this exact request" in code.stderr and "PASS: 4 shards" in code.stderr
+
+
+def test_mpi_refuses_more_ranks_than_hosts(tmp_path, run_cli):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("a\nb\n")
+    result = run_cli("mpi", "--job-dir", str(tmp_path / "job"), "--hostfile", str(hostfile), "--np", "3")
+    assert result.returncode == 2 and "--np 3 is more than the 2 host(s)" in result.stderr
+    assert not (tmp_path / "job").exists()

@@ -68,10 +68,15 @@ def run_mpi(
 ) -> int:
     if hostfile is None and DLC_HOSTFILE.is_file():
         hostfile = DLC_HOSTFILE
+    hosts = hostfile_hosts(hostfile) if hostfile is not None else None
     if np is None:
-        if hostfile is None:
+        if hosts is None:
             raise UsageError(f"pass --np N or --hostfile FILE (no {DLC_HOSTFILE} here)")
-        np = len(hostfile_hosts(hostfile))
+        np = len(hosts)
+    if hosts is not None and np > len(hosts):
+        raise UsageError(
+            f"--np {np} is more than the {len(hosts)} host(s) in {hostfile}: one worker per node needs a host per rank"
+        )
     if np < 1:
         raise UsageError("--np must be at least 1")
     if expect_nodes > np:
