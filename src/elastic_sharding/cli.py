@@ -26,7 +26,7 @@ DEFAULT_POLL_INTERVAL = 20.0
 DEFAULT_RAY_ADDRESS = "local"
 MAX_HEARTBEAT_INTERVAL = 30.0
 # The launchers (dlc, mpi, local) heartbeat every claim, so a short lease is safe and a crashed
-# node's shard is taken over in minutes; the seed's 126000 s stays the default of `prepare`.
+# node's shard is taken over in minutes; the original demo's 126000 s stays the default of `prepare`.
 LAUNCHER_LOCK_TIMEOUT = 600.0
 LAUNCHER_POLL_INTERVAL = 2.0
 DEFAULT_NUM_SHARDS = 4
@@ -115,7 +115,7 @@ def _add_launcher(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argparse.ArgumentParser:
-    """`profile="dlc"` is the seed's `dlc_job.py`: its sub-commands default to the bundled demo."""
+    """`profile="dlc"` is the original demo's `dlc_job.py`: its sub-commands default to the bundled demo."""
     dlc = profile == "dlc"
     parser = argparse.ArgumentParser(
         prog=prog,

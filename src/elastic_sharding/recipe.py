@@ -103,7 +103,7 @@ def _resolve_paths(config: dict[str, Any], base: Path) -> None:
 
 
 def _normalize_keys(config: dict[str, Any]) -> None:
-    """Accept the seed's top-level `text_key` (Data-Juicer 1.6.1 only knows `text_keys`)."""
+    """Accept the original demo's top-level `text_key` (Data-Juicer 1.6.1 only knows `text_keys`)."""
     if "text_key" in config:
         value = config.pop("text_key")
         config.setdefault("text_keys", value)

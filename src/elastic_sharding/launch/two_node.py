@@ -1,4 +1,4 @@
-"""The seed's strict two-node wrapper: the `dlc_job.py` commands with two-node defaults added.
+"""The original demo's strict two-node wrapper: the `dlc_job.py` commands with two-node defaults added.
 
 Only options the user did not give are added, whether they wrote `--opt value` or `--opt=value`
 (or an unambiguous abbreviation, which argparse accepts too).
