@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed-compatible launcher for Worker-broadcast DLC jobs, run from the repository root:
+"""The original demo's launcher for Worker-broadcast DLC jobs, run from the repository root:
 
     python demos/elastic_sharding/dlc_job.py dlc --job-dir /mnt/shared/jobs/job-001 [--nodes N ...]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed-compatible entry point, run from the repository root:
+"""The original demo's entry point, run from the repository root:
 
     python demos/elastic_sharding/shard_job.py {prepare,worker,status,retry,merge,verify} ...
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed-compatible strict two-node wrapper around `dlc_job.py`, run from the repository root:
+"""The original demo's strict two-node wrapper around `dlc_job.py`, run from the repository root:
 
     python demos/elastic_sharding/two_node_test.py dlc --job-dir /mnt/shared/jobs/two-node-001
 
