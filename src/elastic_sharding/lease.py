@@ -69,12 +69,16 @@ def read_claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
     return fsops.read_record(path, lambda data: decode(ClaimRecord, data, path))
 
 
-def read_heartbeat(attempt_dir: Path) -> Heartbeat | None:
-    path = attempt_files(attempt_dir)["heartbeat"]
+def read_heartbeat_file(path: Path) -> Heartbeat | None:
+    """A lease's heartbeat; None if missing or unreadable (observers then see no progress)."""
     try:
         return fsops.read_record(path, lambda data: decode(Heartbeat, data, path), attempts=2)
     except ValueError:
         return None
+
+
+def read_heartbeat(attempt_dir: Path) -> Heartbeat | None:
+    return read_heartbeat_file(attempt_files(attempt_dir)["heartbeat"])
 
 
 def read_attempt(attempt_dir: Path) -> AttemptRecord | None:
@@ -263,24 +267,30 @@ class Claims:
 
 
 class LeaseKeeper(threading.Thread):
-    """Renews a lease every `interval` and reports its loss through `on_lost`, once.
+    """Renews a lease every `interval` by rewriting its heartbeat file with an increasing `seq`,
+    and reports the lease's loss through `on_lost`, once.
 
-    `beat()` writes the next heartbeat; `check()` returns why the lease is no longer ours, or
-    None. Ownership is also given up when the heartbeat cannot be written for half a lease (the
-    node is cut off from the shared filesystem): beyond that point another node may take over.
+    `check()` returns why the lease is no longer ours, or None. Ownership is also given up when
+    the heartbeat cannot be written for half a lease (the node is cut off from the shared
+    filesystem): beyond that point another node may take over.
     """
 
-    def __init__(self, name: str, interval: float, lease: float, on_lost: Callable[[str], None]):
+    def __init__(self, name: str, path: Path, token: str, interval: float, lease: float, on_lost: Callable[[str], None]):
         super().__init__(name=name, daemon=True)
+        self.path = path
+        self.token = token
         self.interval = interval
         self.lease = lease
         self.on_lost = on_lost
         self.seq = 0
+        self.phase = "starting"
         self.lost_reason: str | None = None
         self._stop_event = threading.Event()
 
     def beat(self) -> None:
-        raise NotImplementedError
+        self.seq += 1
+        beat = Heartbeat(token=self.token, seq=self.seq, wall_time=time.time(), phase=self.phase, pid=os.getpid())
+        fsops.replace_atomic(self.path, encode(beat))
 
     def check(self) -> str | None:
         raise NotImplementedError
@@ -324,17 +334,11 @@ class HeartbeatThread(LeaseKeeper):
             log.error("lost claim of %s: %s; stopping this attempt", claim.shard_id, reason)
             on_lost(reason)
 
-        super().__init__(f"heartbeat-{claim.shard_id}", interval, lease, lost)
+        files = attempt_files(attempt_dir)
+        super().__init__(f"heartbeat-{claim.shard_id}", files["heartbeat"], claim.token, interval, lease, lost)
         self.claims = claims
         self.claim = claim
-        self.path = attempt_files(attempt_dir)["heartbeat"]
-        self.superseded = attempt_files(attempt_dir)["superseded"]
-        self.phase = "starting"
-
-    def beat(self) -> None:
-        self.seq += 1
-        beat = Heartbeat(token=self.claim.token, seq=self.seq, wall_time=time.time(), phase=self.phase, pid=os.getpid())
-        fsops.replace_atomic(self.path, encode(beat))
+        self.superseded = files["superseded"]
 
     def check(self) -> str | None:
         if self.superseded.exists():

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -223,8 +223,7 @@ def _check_locations(job_dir: Path, dataset: Path) -> None:
         raise UsageError(f"the dataset {dataset} is inside --job-dir {job_dir}; put the job directory elsewhere")
 
 
-@dataclass
-class _Checked:
+class _Checked(NamedTuple):
     base: Path
     config_path: Path
     config_sha: str
@@ -255,14 +254,7 @@ def preflight(req: PrepareRequest) -> _Checked:
 
 
 def prepare(req: PrepareRequest) -> PrepareResult:
-    checked = preflight(req)
-    base, config_path, config_sha, dataset, job = (
-        checked.base,
-        checked.config_path,
-        checked.config_sha,
-        checked.dataset,
-        checked.job,
-    )
+    base, config_path, config_sha, dataset, job = preflight(req)
     request = Request(
         config_path=str(config_path),
         config_sha256=config_sha,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -38,6 +37,7 @@ from .output import collect
 from .prepare import validate_settings
 from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode
 from .runners import AttemptContext, Runner, get_runner
+from .signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -380,13 +380,5 @@ class Worker:
 def run_worker(job_dir: Path, options: WorkerOptions, runner: Runner | None = None) -> int:
     """Run a worker with SIGTERM/SIGINT meaning "drain": stop claiming, hand back the shard."""
     worker = Worker(job_dir, options, runner)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        worker.request_stop(f"received {signal.Signals(signum).name}")
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(lambda name: worker.request_stop(f"received {name}")):
         return worker.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import socket
 import threading
 import time
@@ -20,7 +19,9 @@ from typing import Any
 from ..errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
 from ..layout import JobLayout
 from ..lease import DONE, FAILED, read_claim
-from ..records import FailureRecord, Manifest, PhaseResult, load
+from ..records import Manifest, PhaseResult
+from ..signals import on_stop_signals
+from ..state import job_views
 from ..worker import Worker, WorkerOptions
 from .common import JobRequest, check_same_request, finalize, preflight_job, prepare_job
 from .coordination import FINALIZE, PREPARE, PROGRESS_LOG_SECS, Generation, aborted, resolve_run_id, run_phase
@@ -79,8 +80,8 @@ class _Instance:
 
     # -- signals: drain the worker, or stop waiting ---------------------------------------------
 
-    def on_signal(self, signum: int, _frame: Any) -> None:
-        reason = f"received {signal.Signals(signum).name}"
+    def on_signal(self, name: str) -> None:
+        reason = f"received {name}"
         if self.worker is not None:
             self.worker.request_stop(reason)
         else:
@@ -175,14 +176,12 @@ class _Instance:
                 return
 
     def _failure_summary(self, manifest: Manifest) -> str | None:
-        failed = []
-        for spec in manifest.shards:
-            path = self.layout.failed(spec.shard_id)
-            if path.exists():
-                record = load(FailureRecord, path)
-                failed.append(
-                    f"{spec.shard_id} failed {record.failures} time(s), last on host={record.host}: {record.last_error}"
-                )
+        views = job_views(self.layout, manifest, manifest.request.settings.lock_timeout_secs)
+        failed = [
+            f"{v.shard_id} failed {v.failure.failures} time(s), last on host={v.failure.host}: {v.failure.last_error}"
+            for v in views
+            if v.failure is not None
+        ]
         if not failed:
             return None
         return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
@@ -251,9 +250,5 @@ def run_dlc(opts: DlcOptions) -> int:
     run_id = resolve_run_id(opts.run_id, os.environ)
     preflight_job(opts.job)
     instance = _Instance(opts, cap, run_id)
-    previous = {sig: signal.signal(sig, instance.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(instance.on_signal):
         return instance.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

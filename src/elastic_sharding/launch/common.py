@@ -15,6 +15,7 @@ from ..layout import JobLayout
 from ..merge import merge
 from ..prepare import PrepareRequest, preflight, prepare
 from ..records import Settings
+from ..report import Status
 from ..retry import retry
 from ..runners.process import set_parent_death_signal
 from ..verify import verify_merged, verify_shards
@@ -139,6 +140,13 @@ def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
             log.info("%s appeared while merging (another coordinator); verifying it", output)
         record = verify_merged(layout, output)
     return Finalized(shards, hosts, output, record.rows)
+
+
+def job_failure(status: Status, detail: list[str]) -> ElasticShardError:
+    """Why a launcher's workers did not finish the job: how they ended, each failed shard's root
+    cause and log, the shard counts, and what to do."""
+    text = "; ".join(detail + status.errors(failed_only=True)) or "workers stopped early"
+    return ElasticShardError(f"{text}. {status.summary_line()}. Fix the cause and run the same command again to resume")
 
 
 # -- worker processes -----------------------------------------------------------------------------

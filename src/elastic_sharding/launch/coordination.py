@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import fsops
 from ..errors import EXIT_ERROR, Aborted, ElasticShardError, Interrupted, UsageError
-from ..lease import LeaseKeeper, StalenessObserver, new_token, remove_if_token
+from ..lease import LeaseKeeper, StalenessObserver, new_token, read_heartbeat_file, remove_if_token
 from ..records import Heartbeat, Outcome, PhaseLock, PhaseResult, RunRecord, decode, encode
 
 log = logging.getLogger(__name__)
@@ -161,12 +161,7 @@ class Generation:
         return _read(self.lock_path(phase), PhaseLock)
 
     def phase_heartbeat(self, phase: str) -> Heartbeat | None:
-        try:
-            return fsops.read_record(
-                self.heartbeat_path(phase), lambda data: decode(Heartbeat, data, self.heartbeat_path(phase)), attempts=2
-            )
-        except ValueError:
-            return None
+        return read_heartbeat_file(self.heartbeat_path(phase))
 
 
 def aborted(record: Outcome) -> Aborted:
@@ -180,17 +175,13 @@ def aborted(record: Outcome) -> Aborted:
 
 class _PhaseKeeper(LeaseKeeper):
     def __init__(self, gen: Generation, lock: PhaseLock, interval: float, lease: float):
-        super().__init__(f"{lock.phase}-coordinator", interval, lease, self._lost)
+        super().__init__(f"{lock.phase}-coordinator", gen.heartbeat_path(lock.phase), lock.token, interval, lease, self._lost)
         self.gen = gen
         self.lock = lock
+        self.phase = lock.phase
 
     def _lost(self, reason: str) -> None:
         log.warning("lost the DLC %s coordinator lease: %s; another instance is repeating this phase", self.lock.phase, reason)
-
-    def beat(self) -> None:
-        self.seq += 1
-        beat = Heartbeat(token=self.lock.token, seq=self.seq, wall_time=time.time(), phase=self.lock.phase, pid=os.getpid())
-        fsops.replace_atomic(self.gen.heartbeat_path(self.lock.phase), encode(beat))
 
     def check(self) -> str | None:
         current = self.gen.lock(self.lock.phase)

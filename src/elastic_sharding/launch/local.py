@@ -13,12 +13,12 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Any
 
-from ..errors import EXIT_OK, ElasticShardError, Interrupted
+from ..errors import EXIT_OK, Interrupted
 from ..lease import RUNNING, Claims, read_claim
 from ..report import Status
-from .common import JobRequest, drain_with_parent, finalize, preflight_job, prepare_job, worker_command, worker_env
+from ..signals import on_stop_signals
+from .common import JobRequest, drain_with_parent, finalize, job_failure, preflight_job, prepare_job, worker_command, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,43 @@ def _exit_text(code: int) -> str:
     return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
 
 
+def _wait_for(req: JobRequest, procs: dict[int, subprocess.Popen[bytes]], interrupted: list[str]) -> list[str]:
+    """Wait for every worker; a stop signal drains them all. Returns how the failed ones ended."""
+
+    def on_signal(name: str) -> None:
+        interrupted.append(name)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    failures: list[str] = []
+    running = dict(procs)
+    try:
+        with on_stop_signals(on_signal):
+            while running:
+                for pid, proc in list(running.items()):
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    del running[pid]
+                    if code == EXIT_OK:
+                        continue
+                    failures.append(f"worker pid {pid} {_exit_text(code)}")
+                    if code < 0:
+                        for shard_id in _release_claims_of(req, pid):
+                            log.warning("worker pid %d %s; handed its claim of %s back", pid, _exit_text(code), shard_id)
+                time.sleep(0.2)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(STOP_GRACE_SECS)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    return failures
+
+
 def run_local(req: JobRequest, workers: int, runner: str) -> int:
     preflight_job(req)
     if workers > req.num_shards:
@@ -67,46 +104,12 @@ def run_local(req: JobRequest, workers: int, runner: str) -> int:
         proc = subprocess.Popen(command, env=env, preexec_fn=drain_with_parent)
         procs[proc.pid] = proc
     interrupted: list[str] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signal.Signals(signum).name)
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    failures: list[str] = []
-    try:
-        running = dict(procs)
-        while running:
-            for pid, proc in list(running.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
-                del running[pid]
-                if code == EXIT_OK:
-                    continue
-                failures.append(f"worker pid {pid} {_exit_text(code)}")
-                if code < 0:
-                    for shard_id in _release_claims_of(req, pid):
-                        log.warning("worker pid %d %s; handed its claim of %s back", pid, _exit_text(code), shard_id)
-            time.sleep(0.2)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(STOP_GRACE_SECS)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+    failures = _wait_for(req, procs, interrupted)
     if interrupted:
         raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
     status = Status(req.layout.root)
     if status.exit_code != EXIT_OK:
-        detail = "; ".join(failures + status.errors(failed_only=True)) or "workers stopped early"
-        raise ElasticShardError(f"{detail}. {status.summary_line()}. Fix the cause and run the same command again to resume")
+        raise job_failure(status, failures)
     done = finalize(req, expect_nodes=1)
     log.info("%s", done.message)
     return EXIT_OK

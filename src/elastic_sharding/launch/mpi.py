@@ -13,11 +13,11 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
-from ..errors import EXIT_OK, ElasticShardError, Interrupted, UsageError
+from ..errors import EXIT_OK, Interrupted, UsageError
 from ..report import Status
-from .common import JobRequest, finalize, preflight_job, prepare_job, worker_command, worker_env
+from ..signals import on_stop_signals
+from .common import JobRequest, finalize, job_failure, preflight_job, prepare_job, worker_command, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +93,16 @@ def run_mpi(
     proc = subprocess.Popen(command, env=env)
     interrupted: list[str] = []
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        interrupted.append(signal.Signals(signum).name)
+    def on_signal(name: str) -> None:
+        interrupted.append(name)
         proc.send_signal(signal.SIGTERM)  # mpirun forwards it to every rank: they drain
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(on_signal):
         code = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if interrupted:
         raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
     if code != EXIT_OK:
-        status = Status(req.layout.root)
-        detail = "; ".join([f"mpirun exited with code {code}", *status.errors(failed_only=True)])
-        raise ElasticShardError(f"{detail}. {status.summary_line()}. Fix the cause and run the same command again to resume")
+        raise job_failure(Status(req.layout.root), [f"mpirun exited with code {code}"])
     done = finalize(req, expect_nodes)
     log.info("%s", done.message)
     return EXIT_OK
