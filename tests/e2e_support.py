@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -80,14 +81,16 @@ def baseline_rows(recipe: Path, dataset: Path, workdir: Path) -> list[bytes]:
 
 
 def processes_with(marker: str) -> list[int]:
+    """Processes whose command line or environment mentions `marker` (a job directory is in the
+    environment of every process a runner starts, Ray's included, via XDG_CACHE_HOME)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
         except OSError:
             continue
-        if marker.encode() in cmdline:
+        if marker.encode() in text:
             found.append(int(entry.name))
     return found

@@ -17,5 +17,5 @@ from elastic_sharding.cli import main  # noqa: E402
 
 failing = set(filter(None, os.environ.get("FAKE_FAIL_SHARDS", "").split(",")))
 delay = float(os.environ.get("FAKE_DELAY", "0"))
-elastic_sharding.worker.get_runner = lambda name: FakeRunner(delay=delay, fail=lambda shard: shard in failing)
+elastic_sharding.worker.get_runner = lambda name, runtime=None: FakeRunner(delay=delay, fail=lambda shard: shard in failing)
 sys.exit(main(sys.argv[1:]))

@@ -34,6 +34,9 @@ class FakeRunner:
         self.configs: list[dict] = []
         self.envs: list[dict] = []
 
+    def close(self) -> None:
+        self.closed = True
+
     def run(self, ctx: AttemptContext) -> None:
         self.calls.append(ctx.shard_id)
         config = yaml.safe_load(ctx.recipe_path.read_bytes())

@@ -16,6 +16,8 @@ import pytest
 from conftest import REPO, TESTS, write_jsonl
 from e2e_support import DEMO_DATA, SHARD_JOB, needs_unshare, prepare_demo, processes_with, shard_job, start_node
 
+from elastic_sharding.runners import DEFAULT_RUNNER
+
 pytestmark = pytest.mark.e2e
 
 
@@ -60,7 +62,7 @@ def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path, demo_
 
     attempt = next(p for p in (job / "attempts").glob("*/*") if p.is_dir())
     record = json.loads((attempt / "attempt.json").read_text())
-    assert record["status"] == "succeeded" and record["runner"] == "process"
+    assert record["status"] == "succeeded" and record["runner"] == DEFAULT_RUNNER
     assert (attempt / "process.log").stat().st_size > 0
     assert (job / "cache").is_dir() and json.loads((job / "merge.json").read_text())["rows"] == len(got)
 
@@ -74,7 +76,7 @@ def test_killed_node_is_taken_over_and_the_result_is_unchanged(tmp_path, demo_ba
     prepare_demo(job, "--num-shards", "2", "--lock-timeout-secs", "6", "--poll-interval-secs", "1")
     node_a = start_node("node-a", "worker", "--job-dir", str(job), log=tmp_path / "node-a.log")
     deadline = time.monotonic() + 120
-    while not processes_with(str(job / "attempts")):
+    while not list(job.glob("attempts/*/*/recipe.yaml")):
         assert time.monotonic() < deadline and node_a.poll() is None, (tmp_path / "node-a.log").read_text()[-3000:]
         time.sleep(0.2)
     time.sleep(1)
@@ -193,15 +195,15 @@ def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
         [sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while not processes_with(str(job / "attempts")):
+    while not list(job.glob("attempts/*/*/recipe.yaml")):
         assert time.monotonic() < deadline and worker.poll() is None, "dj-process never started"
         time.sleep(0.2)
     time.sleep(2)
     worker.send_signal(getattr(signal, sig))
     _, err = worker.communicate(timeout=120)
     deadline = time.monotonic() + 60
-    while processes_with(str(job / "attempts")):
-        assert time.monotonic() < deadline, "dj-process outlived its worker"
+    while processes_with(str(job / "cache")):
+        assert time.monotonic() < deadline, "Data-Juicer or Ray outlived its worker"
         time.sleep(0.2)
     lock = job / "state" / "locks" / "part-00000-of-00001.json"
     if sig == "SIGTERM":

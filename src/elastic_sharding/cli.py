@@ -18,12 +18,13 @@ from pathlib import Path
 import orjson
 
 from .errors import EXIT_ERROR, EXIT_OK, ElasticShardError
-from .runners import RUNNERS
+from .runners import DEFAULT_RUNNER, RUNNERS
 
 DEFAULT_LOCK_TIMEOUT = 126000.0
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_POLL_INTERVAL = 20.0
 DEFAULT_RAY_ADDRESS = "local"
+DEFAULT_CLAIM_AHEAD = 10.0
 MAX_HEARTBEAT_INTERVAL = 30.0
 # The launchers (dlc, mpi, local) heartbeat every claim, so a short lease is safe and a crashed
 # node's shard is taken over in minutes; the original demo's 126000 s stays the default of `prepare`.
@@ -69,7 +70,19 @@ _SETTINGS = (
     ),
     ("--heartbeat-interval-secs", float, None, None, "claim renewal interval"),
     ("--ray-address", str, DEFAULT_RAY_ADDRESS, DEFAULT_RAY_ADDRESS, "node-local Ray address for workers"),
+    ("--ray-num-cpus", int, None, None, "CPUs the node-local Ray runtime may use (default: all)"),
+    ("--ray-num-gpus", int, None, None, "GPUs the node-local Ray runtime may use (default: all it detects)"),
+    ("--ray-object-store-mb", int, None, None, "object store size of the node-local Ray runtime (default: Ray's, 30%% of RAM)"),
+    ("--ray-temp-dir", str, None, None, "Ray's session/socket directory, a short absolute path (default: Ray's /tmp/ray)"),
+    (
+        "--claim-ahead-secs",
+        float,
+        DEFAULT_CLAIM_AHEAD,
+        DEFAULT_CLAIM_AHEAD,
+        "claim and stage the next shard when the current one should end within this many seconds (0: off)",
+    ),
 )
+RUNTIME_SETTINGS = ("ray_num_cpus", "ray_num_gpus", "ray_object_store_mb", "ray_temp_dir", "claim_ahead_secs")
 
 
 def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool, launcher: bool = False) -> None:
@@ -78,8 +91,11 @@ def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool, launcher:
             parser.add_argument(flag, type=kind, help=f"override for this worker: {text} (default: the manifest's value)")
         else:
             value = launcher_default if launcher else default
-            shown = "min(30, lock timeout / 4)" if value is None else "%(default)s"
-            parser.add_argument(flag, type=kind, default=value, help=f"{text} (default {shown})")
+            if flag == "--heartbeat-interval-secs":
+                text += " (default min(30, lock timeout / 4))"
+            elif value is not None:
+                text += " (default %(default)s)"
+            parser.add_argument(flag, type=kind, default=value, help=text)
 
 
 def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, launcher: bool) -> None:
@@ -105,7 +121,17 @@ def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, lau
 
 
 def _add_runner(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runner", default="process", choices=RUNNERS, help="how a shard is processed (default %(default)s)")
+    parser.add_argument(
+        "--runner",
+        default=DEFAULT_RUNNER,
+        choices=RUNNERS,
+        help="warm: one Ray runtime per worker, reused for every shard; process: a fresh dj-process per attempt "
+        "(default %(default)s, or $ELASTIC_SHARD_RUNNER)",
+    )
+
+
+def _add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr (shown on a terminal by default)")
 
 
 def _add_launcher(parser: argparse.ArgumentParser) -> None:
@@ -165,7 +191,8 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
 
     p = sub.add_parser("prepare", help="validate recipe and input, split into shards, publish the job")
     _add_job_request(p, config_required=not dlc, launcher=dlc)
-    p.add_argument("--json", action="store_true", help="print the manifest summary as JSON on stdout")
+    p.add_argument("--json", action="store_true", help="print the manifest summary as JSON on stdout (implies --quiet)")
+    _add_quiet(p)
 
     p = sub.add_parser("worker", help="claim and process shards until the job is complete")
     _add_job_dir(p)
@@ -193,7 +220,8 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
         p.add_argument("--output", required=True, type=Path, help="final JSONL path")
         p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
         p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-        p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout")
+        p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout (implies --quiet)")
+        _add_quiet(p)
 
     p = sub.add_parser("verify", help="check that the job is complete, valid, and ran on enough nodes")
     _add_job_dir(p)
@@ -216,7 +244,8 @@ def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily
     from .records import Settings
 
     heartbeat = args.heartbeat_interval_secs or default_heartbeat(args.lock_timeout_secs)
-    return Settings(args.lock_timeout_secs, args.max_retries, args.poll_interval_secs, heartbeat, args.ray_address)
+    runtime = {key: getattr(args, key) for key in RUNTIME_SETTINGS}
+    return Settings(args.lock_timeout_secs, args.max_retries, args.poll_interval_secs, heartbeat, args.ray_address, **runtime)
 
 
 def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
@@ -262,7 +291,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from .prepare import PrepareRequest, prepare
 
     config, base = recipe_and_base(args.config)
-    result = prepare(PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base))
+    request = PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base)
+    result = prepare(request, quiet=args.quiet or args.json)
     if args.json:
         manifest = dataclasses.asdict(result.manifest)
         _emit_json({"created": result.created, "job_dir": str(Path(os.path.abspath(args.job_dir))), "manifest": manifest})
@@ -282,6 +312,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         poll_interval_secs=args.poll_interval_secs,
         heartbeat_interval_secs=heartbeat,
         ray_address=args.ray_address,
+        **{key: getattr(args, key) for key in RUNTIME_SETTINGS},
         allow_version_mismatch=args.allow_version_mismatch,
         runner=args.runner,
     )
@@ -311,7 +342,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
     from .merge import merge
 
-    record = merge(args.job_dir, args.output, args.overwrite, args.lock_timeout_secs)
+    record = merge(args.job_dir, args.output, args.overwrite, args.lock_timeout_secs, quiet=args.quiet or args.json)
     if args.json:
         _emit_json(dataclasses.asdict(record))
     return EXIT_OK

@@ -49,6 +49,11 @@ class JobLayout:
         return self.root / "attempts"
 
     @property
+    def runtime_logs(self) -> Path:
+        """Logs of the warm runtimes (one per worker start-up); attempt logs stay in attempts/."""
+        return self.root / "logs"
+
+    @property
     def state(self) -> Path:
         return self.root / "state"
 

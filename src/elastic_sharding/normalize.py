@@ -12,6 +12,7 @@ the same for any shard count. Type conflicts are rejected up front with both loc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,18 @@ _KIND_NAMES = {
 }
 
 
+_SCALAR_KINDS: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
+_KINDS: dict[type, str] = {**_SCALAR_KINDS, dict: "dict", list: "list", type(None): "null"}
+
+
+class _Conflict(Exception):
+    """A type conflict seen by the fast path; the slow path then raises the exact error."""
+
+
+def _to_float(value: Any) -> Any:
+    return float(value) if type(value) is int else value
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
@@ -46,7 +59,7 @@ def _kind(value: Any) -> str:
     return "list"
 
 
-@dataclass
+@dataclass(slots=True)
 class SchemaNode:
     """Union type of one JSON path over the whole input."""
 
@@ -84,6 +97,81 @@ class SchemaNode:
                 self.item = SchemaNode()
             for i, sub in enumerate(value):
                 self.item.add(sub, f"{path}[{i}]", origin)
+
+    def add_row(self, row: dict[str, Any], where: tuple[Path | str, int]) -> None:
+        """`add(row, "", "<file>:<line>")` without building paths and origins for every row:
+        prepare's first pass calls this once per input row."""
+        try:
+            self._add_fast(row, where)
+        except _Conflict:
+            self.add(row, "", f"{where[0]}:{where[1]}")
+            raise AssertionError("schema conflict not reproduced by the slow path") from None
+
+    def _add_fast(self, value: Any, where: tuple[Path | str, int]) -> None:
+        kind = _KINDS.get(type(value)) or _kind(value)
+        if kind == "null":
+            self.has_null = True
+            return
+        if kind != self.kind:
+            if self.kind == "null":
+                self.kind, self.origin = kind, f"{where[0]}:{where[1]}"
+            elif kind in ("int", "float") and self.kind in ("int", "float"):
+                self.kind = "float"
+            else:
+                raise _Conflict
+        self.count += 1
+        if kind == "dict":
+            fields = self.fields
+            for key, sub in value.items():
+                node = fields.get(key)
+                if node is None:
+                    node = fields[key] = SchemaNode()
+                if _SCALAR_KINDS.get(type(sub)) == node.kind:
+                    node.count += 1
+                elif sub is None:
+                    node.has_null = True
+                else:
+                    node._add_fast(sub, where)
+        elif kind == "list":
+            item = self.item
+            if item is None:
+                item = self.item = SchemaNode()
+            for sub in value:
+                if _SCALAR_KINDS.get(type(sub)) == item.kind:
+                    item.count += 1
+                elif sub is None:
+                    item.has_null = True
+                else:
+                    item._add_fast(sub, where)
+
+    def shaper(self) -> Callable[[Any], Any] | None:
+        """A function equal to `shape` once the schema is final, or None where `shape` returns
+        every value unchanged. It reuses (and may modify) the value instead of rebuilding it, and
+        checks each dict's key order once instead of rebuilding the dict: prepare's second pass
+        shapes every row."""
+        if self.kind == "float":
+            return _to_float
+        if self.kind == "list" and self.item is not None:
+            item = self.item.shaper()
+            if item is None:
+                return None
+            return lambda value: None if value is None else [item(v) for v in value]
+        if self.kind != "dict":
+            return None
+        keys = list(self.fields)
+        subs = [(key, node.shaper()) for key, node in self.fields.items()]
+        special = [(key, fn) for key, fn in subs if fn is not None]
+
+        def shape_dict(value: Any) -> Any:
+            if value is None:
+                return None
+            if list(value) != keys:
+                return {key: value.get(key) if fn is None else fn(value.get(key)) for key, fn in subs}
+            for key, fn in special:
+                value[key] = fn(value[key])
+            return value
+
+        return shape_dict
 
     def shape(self, value: Any) -> Any:
         """`value` in the union shape: missing fields null, in first-seen order, ints as floats."""

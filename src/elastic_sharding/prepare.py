@@ -22,16 +22,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 
 from . import fsops
 from .engine import engine_identity
 from .errors import InputError, JobStateError, UsageError
-from .jsonl import HashingLineReader, parse_object
+from .jsonl import HashingLineReader, Offload, line_error
 from .layout import STATE_DIRS, JobLayout
 from .normalize import RowNormalizer, SchemaNode
+from .progress import Progress
 from .recipe import Recipe, dump_config, load_recipe, read_recipe
 from .records import (
     FORMAT_VERSION,
@@ -80,6 +81,20 @@ def validate_settings(settings: Settings) -> None:
         )
     if not settings.ray_address:
         raise UsageError("--ray-address must not be empty")
+    for flag, value in (
+        ("--ray-num-cpus", settings.ray_num_cpus),
+        ("--ray-object-store-mb", settings.ray_object_store_mb),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    if settings.ray_num_gpus is not None and settings.ray_num_gpus < 0:
+        raise UsageError("--ray-num-gpus must be zero or more")
+    if settings.ray_object_store_mb is not None and settings.ray_object_store_mb < 75:
+        raise UsageError("--ray-object-store-mb must be at least 75 (Ray's minimum object store)")
+    if settings.claim_ahead_secs < 0:
+        raise UsageError("--claim-ahead-secs must be zero or more")
+    if settings.ray_temp_dir is not None and not os.path.isabs(settings.ray_temp_dir):
+        raise UsageError(f"--ray-temp-dir must be an absolute path, got {settings.ray_temp_dir!r}")
 
 
 def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
@@ -115,49 +130,73 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
     return "dir", dataset, [path for _, path in found]
 
 
-PROGRESS_EVERY_SECS = 10.0
+MAX_MARKS = 1 << 16
 
 
-class _Pass:
-    """One streaming pass over all input files, yielding normalized rows with their weights."""
+class _Scan(NamedTuple):
+    schema: SchemaNode
+    rows: int
+    weight: int
+    marks: list[int]
+    stride: int
 
-    def __init__(self, label: str, files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer):
-        self.label = label
-        self.files = files
-        self.base_of = base_of
-        self.normalizer = normalizer
-        self.readers: list[HashingLineReader] = []
-        self.total_size = sum(path.stat().st_size for path in files)
 
-    def rows(self) -> Iterator[tuple[Path, int, dict[str, Any], int]]:
-        global_index = 0
-        done_size = 0
-        started = next_report = time.monotonic()
-        next_report += PROGRESS_EVERY_SECS
-        for path in self.files:
-            reader = HashingLineReader(path)
-            self.readers.append(reader)
-            base = self.base_of[path]
-            for lineno, line in reader:
-                row = parse_object(line, path, lineno)
-                row = self.normalizer.normalize(row, base, global_index, path, lineno)
-                weight = len(orjson.dumps(row)) + 1
-                yield path, lineno, row, weight
-                global_index += 1
-                if global_index % 4096 == 0 and time.monotonic() >= next_report:
-                    next_report = time.monotonic() + PROGRESS_EVERY_SECS
-                    read = done_size + reader.size
-                    rate = read / max(time.monotonic() - started, 1e-9) / 2**20
-                    pct = 100.0 * read / self.total_size if self.total_size else 100.0
-                    log.info(
-                        "%s: %d rows, %.1f%% of %.1f MiB (%.0f MiB/s)",
-                        self.label,
-                        global_index,
-                        pct,
-                        self.total_size / 2**20,
-                        rate,
-                    )
-            done_size += reader.size
+def _blocks(
+    label: str, files: list[Path], readers: list[HashingLineReader], offload: Offload, quiet: bool
+) -> Iterator[tuple[HashingLineReader, int, list[bytes]]]:
+    """(reader, first line number, lines) per block over all files, with progress per block;
+    appends each file's reader to `readers`."""
+    total = sum(path.stat().st_size for path in files)
+    with Progress(label, total, log, quiet) as progress:
+        for path in files:
+            reader = HashingLineReader(path, offload)
+            readers.append(reader)
+            seen = 0
+            for first, lines in reader.blocks():
+                yield reader, first, lines
+                progress.update(reader.size - seen, len(lines))
+                seen = reader.size
+
+
+def _scan(
+    files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer, offload: Offload, quiet: bool
+) -> tuple[_Scan, list[HashingLineReader]]:
+    """Pass one: validate and normalize every row, learn the schema and the rows' weights.
+
+    A row's weight is its normalized JSON size. Only every `stride`-th cumulative weight is kept
+    (at most MAX_MARKS of them, the stride doubling as needed): that is all pass two needs to
+    reproduce the exact weight-balanced cuts while computing weights only near the cuts."""
+    schema = SchemaNode()
+    add_row = schema.add_row
+    normalize = normalizer.normalize
+    loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
+    readers: list[HashingLineReader] = []
+    marks: list[int] = []
+    stride = 1
+    next_mark = 1
+    weight = 0
+    index = 0
+    for reader, first, lines in _blocks("pass 1/2", files, readers, offload, quiet):
+        path = reader.path
+        base = base_of[path]
+        for lineno, line in enumerate(lines, first):
+            try:
+                row = loads(line)
+            except decode_error:
+                raise line_error(line, path, lineno) from None
+            if type(row) is not dict:
+                raise line_error(line, path, lineno)
+            row = normalize(row, base, index, path, lineno)
+            weight += len(dumps(row)) + 1
+            add_row(row, (path, lineno))
+            index += 1
+            if index == next_mark:
+                marks.append(weight)
+                if len(marks) >= MAX_MARKS:
+                    marks = marks[1::2]
+                    stride *= 2
+                next_mark = (len(marks) + 1) * stride
+    return _Scan(schema, index, weight, marks, stride), readers
 
 
 def _relpath(path: Path, kind: str, root: Path) -> str:
@@ -253,7 +292,11 @@ def preflight(req: PrepareRequest) -> _Checked:
     return _Checked(base, config_path, config_sha, dataset, job)
 
 
-def prepare(req: PrepareRequest) -> PrepareResult:
+def prepare(req: PrepareRequest, *, quiet: bool = False) -> PrepareResult:
+    """Prepare the job `req` describes (a no-op if the job directory already holds exactly it).
+
+    `quiet` turns off progress on stderr (a live bar on a terminal, a log line every 10 s
+    elsewhere); warnings and results are still logged."""
     base, config_path, config_sha, dataset, job = preflight(req)
     request = Request(
         config_path=str(config_path),
@@ -274,7 +317,8 @@ def prepare(req: PrepareRequest) -> PrepareResult:
     stage = job.root.parent / f".{job.root.name}.staging-{secrets.token_hex(4)}"
     stage.mkdir()
     try:
-        manifest = _build(stage, job, request, recipe, kind, root, files)
+        with Offload() as offload:
+            manifest = _build(stage, job, request, recipe, kind, root, files, offload, quiet)
         if not fsops.rename_dir(stage, job.root):
             existing = _check_existing(job, request, dataset)
             if existing is None:
@@ -290,20 +334,25 @@ def prepare(req: PrepareRequest) -> PrepareResult:
     return PrepareResult(manifest, created=True)
 
 
-def _build(stage: Path, job: JobLayout, request: Request, recipe: Recipe, kind: str, root: Path, files: list[Path]) -> Manifest:
+def _build(
+    stage: Path,
+    job: JobLayout,
+    request: Request,
+    recipe: Recipe,
+    kind: str,
+    root: Path,
+    files: list[Path],
+    offload: Offload,
+    quiet: bool,
+) -> Manifest:
     base_of = {path: str(root) for path in files}
     normalizer = RowNormalizer(tuple(recipe.media_keys), recipe.index_key, ROW_KEY)
 
     log.info("pass 1/2: validating %d input file(s) under %s", len(files), root)
-    schema = SchemaNode()
-    first = _Pass("pass 1/2", files, base_of, normalizer)
-    total_weight = 0
-    total_rows = 0
-    for path, lineno, row, weight in first.rows():
-        schema.add(row, "", f"{path}:{lineno}")
-        total_weight += weight
-        total_rows += 1
-    inputs = [_fingerprint(path, reader, kind, root) for path, reader in zip(files, first.readers)]
+    scan, first_readers = _scan(files, base_of, normalizer, offload, quiet)
+    offload.drain()
+    schema, total_rows = scan.schema, scan.rows
+    inputs = [_fingerprint(path, reader, kind, root) for path, reader in zip(files, first_readers)]
     if total_rows == 0:
         raise InputError("the input has no rows", root if kind == "dir" else files[0])
     if request.num_shards > total_rows:
@@ -325,7 +374,7 @@ def _build(stage: Path, job: JobLayout, request: Request, recipe: Recipe, kind: 
         (layout.state / name).mkdir()
 
     log.info("pass 2/2: writing %d shard(s)", request.num_shards)
-    shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, schema, total_rows, total_weight)
+    shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, scan, offload, quiet)
     second_readers = shards.readers
     for before, path, reader in zip(inputs, files, second_readers):
         st = path.stat()
@@ -368,13 +417,15 @@ def _build(stage: Path, job: JobLayout, request: Request, recipe: Recipe, kind: 
 
 
 class _ShardWriter:
-    """Cuts the row stream into exactly `count` contiguous non-empty shards by weight."""
+    """Writes exactly `count` contiguous non-empty shards; lines are batched into large blocks
+    whose writing and hashing run on the offload thread."""
 
-    def __init__(self, layout: JobLayout, count: int, total_rows: int, total_weight: int):
+    FLUSH_BYTES = 4 << 20
+
+    def __init__(self, layout: JobLayout, count: int, offload: Offload):
         self.layout = layout
         self.count = count
-        self.total_rows = total_rows
-        self.total_weight = total_weight
+        self.offload = offload
         self.specs: list[ShardSpec] = []
         self.normalized = hashlib.sha256()
         self.total_bytes = 0
@@ -387,47 +438,77 @@ class _ShardWriter:
         self.rows = 0
         self.bytes = 0
         self.sha = hashlib.sha256()
-        shard_id = shard_id_for(index, self.count)
-        self.path = self.layout.shards_dir / f"{shard_id}.jsonl"
-        self.handle = open(self.path, "wb", buffering=1 << 20)
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.path = self.layout.shards_dir / f"{shard_id_for(index, self.count)}.jsonl"
+        self.handle = open(self.path, "wb")
 
-    def _close(self) -> None:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
+    def add(self, line: bytes) -> None:
+        self.pending.append(line)
+        self.pending_bytes += len(line)
+        if self.pending_bytes >= self.FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.offload.submit(_write_block, self.handle, b"".join(self.pending), self.sha, self.normalized)
+        self.rows += len(self.pending)
+        self.bytes += self.pending_bytes
+        self.pending = []
+        self.pending_bytes = 0
+
+    def cut(self, next_first_row: int) -> None:
+        """Close the current shard; the next one starts at row `next_first_row`."""
+        self._flush()
+        self.total_bytes += self.bytes
         shard_id = shard_id_for(self.index, self.count)
-        self.specs.append(
-            ShardSpec(
-                shard_id=shard_id,
-                index=self.index,
-                path=f"shards/{shard_id}.jsonl",
-                first_row=self.first_row,
-                rows=self.rows,
-                bytes=self.bytes,
-                sha256=self.sha.hexdigest(),
-            )
+        spec = ShardSpec(
+            shard_id=shard_id,
+            index=self.index,
+            path=f"shards/{shard_id}.jsonl",
+            first_row=self.first_row,
+            rows=self.rows,
+            bytes=self.bytes,
+            sha256="",
         )
+        self.offload.submit(_finish_shard, self.handle, self.sha, spec, self.specs)
+        if self.index + 1 < self.count:
+            self._open(self.index + 1, next_first_row)
 
-    def write(self, row_index: int, line: bytes, cumulative_weight: int) -> None:
-        self.handle.write(line)
-        self.sha.update(line)
-        self.normalized.update(line)
-        self.rows += 1
-        self.bytes += len(line)
-        self.total_bytes += len(line)
-        if self.index == self.count - 1:
-            return
-        rows_left = self.total_rows - row_index - 1
-        shards_left = self.count - self.index - 1
-        boundary = self.total_weight * (self.index + 1) / self.count
-        if rows_left == shards_left or (cumulative_weight >= boundary and rows_left > shards_left):
-            self._close()
-            self._open(self.index + 1, row_index + 1)
+    def close(self) -> None:
+        """Close a shard left open by an error (the staging directory is removed anyway)."""
+        if not self.handle.closed:
+            self.handle.close()
 
-    def finish(self) -> None:
-        self._close()
-        if len(self.specs) != self.count:
-            raise AssertionError(f"wrote {len(self.specs)} shards, expected {self.count}")
+
+def _write_block(handle: BinaryIO, data: bytes, shard_sha: Any, normalized: Any) -> None:
+    handle.write(data)
+    shard_sha.update(data)
+    normalized.update(data)
+
+
+def _finish_shard(handle: BinaryIO, sha: Any, spec: ShardSpec, specs: list[ShardSpec]) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+    spec.sha256 = sha.hexdigest()
+    specs.append(spec)
+
+
+def _cut_windows(scan: _Scan, count: int) -> list[tuple[int, int, int, bool]]:
+    """Per `stride` rows: (last row count, cumulative weight before, after, whether a shard
+    boundary falls inside). Outside such windows every row's cumulative weight compares with
+    every boundary exactly as the window's end does, so pass two needs no weight there."""
+    boundaries = [scan.weight * (k + 1) / count for k in range(count - 1)]
+    ends = [((j + 1) * scan.stride, mark) for j, mark in enumerate(scan.marks)]
+    if not ends or ends[-1][0] != scan.rows:
+        ends.append((scan.rows, scan.weight))
+    windows = []
+    before = 0
+    for end, after in ends:
+        windows.append((end, before, after, any(before < b <= after for b in boundaries)))
+        before = after
+    return windows
 
 
 def _write_shards(
@@ -436,26 +517,67 @@ def _write_shards(
     files: list[Path],
     base_of: dict[Path, str],
     normalizer: RowNormalizer,
-    schema: SchemaNode,
-    total_rows: int,
-    total_weight: int,
+    scan: _Scan,
+    offload: Offload,
+    quiet: bool,
 ) -> _ShardWriter:
-    writer = _ShardWriter(layout, count, total_rows, total_weight)
-    second = _Pass("pass 2/2", files, base_of, normalizer)
-    cumulative = 0
+    """Pass two: write every row in normalized, schema-shaped form and cut it into shards.
+
+    After row r (0-based) of shard i < count-1 a shard is cut when only as many rows are left as
+    shards, or when the cumulative weight reached i+1 count-ths of the total while more rows than
+    shards are left."""
+    total_rows, total_weight = scan.rows, scan.weight
+    writer = _ShardWriter(layout, count, offload)
+    shape = scan.schema.shaper() or (lambda row: row)
+    normalize = normalizer.normalize
+    loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
+    windows = iter(_cut_windows(scan, count))
+    window_end, cumulative, window_weight, exact = -1, 0, 0, False
+    shard = 0
+    boundary = total_weight / count
     row_index = -1
     try:
-        for row_index, (_path, _lineno, row, weight) in enumerate(second.rows()):
-            if row_index >= total_rows:
-                raise InputError("gained rows while prepare was reading it", _path, _lineno)
-            cumulative += weight
-            shaped = {ROW_KEY: row_index}
-            shaped.update(schema.shape(row))
-            writer.write(row_index, orjson.dumps(shaped) + b"\n", cumulative)
+        for reader, first, lines in _blocks("pass 2/2", files, writer.readers, offload, quiet):
+            path = reader.path
+            base = base_of[path]
+            for lineno, line in enumerate(lines, first):
+                row_index += 1
+                if row_index >= total_rows:
+                    raise InputError("gained rows while prepare was reading it", path, lineno)
+                if row_index >= window_end:
+                    window_end, cumulative, window_weight, exact = next(windows)
+                try:
+                    row = loads(line)
+                except decode_error:
+                    raise line_error(line, path, lineno) from None
+                if type(row) is not dict:
+                    raise line_error(line, path, lineno)
+                row = normalize(row, base, row_index, path, lineno)
+                if exact:
+                    cumulative += len(dumps(row)) + 1
+                else:
+                    cumulative = window_weight
+                shaped = {ROW_KEY: row_index}
+                shaped.update(shape(row))
+                writer.add(dumps(shaped) + b"\n")
+                if shard < count - 1:
+                    rows_left = total_rows - row_index - 1
+                    shards_left = count - shard - 1
+                    if rows_left == shards_left or (cumulative >= boundary and rows_left > shards_left):
+                        writer.cut(row_index + 1)
+                        shard += 1
+                        boundary = total_weight * (shard + 1) / count
     except InputError as exc:
+        writer.close()
         raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
+    except BaseException:
+        writer.close()
+        raise
     if row_index + 1 != total_rows:
+        writer.close()
         raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", files[-1])
-    writer.finish()
-    writer.readers = second.readers
+    writer.cut(total_rows)
+    offload.drain()
+    if len(writer.specs) != count:
+        raise AssertionError(f"wrote {len(writer.specs)} shards, expected {count}")
     return writer

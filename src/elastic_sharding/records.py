@@ -125,6 +125,11 @@ class Settings:
     poll_interval_secs: float
     heartbeat_interval_secs: float
     ray_address: str
+    ray_num_cpus: int | None = None
+    ray_num_gpus: int | None = None
+    ray_object_store_mb: int | None = None
+    ray_temp_dir: str | None = None
+    claim_ahead_secs: float = 10.0
 
 
 @dataclass

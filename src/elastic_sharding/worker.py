@@ -36,10 +36,13 @@ from .lease import (
 from .output import collect
 from .prepare import validate_settings
 from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode
-from .runners import AttemptContext, Runner, get_runner
+from .runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 from .signals import on_stop_signals
 
 log = logging.getLogger(__name__)
+
+# A warm runtime silent for one heartbeat interval is hung; never judge it on less than this.
+MIN_HANG_SECS = 5.0
 
 
 @dataclass
@@ -50,15 +53,31 @@ class WorkerOptions:
     poll_interval_secs: float | None = None
     heartbeat_interval_secs: float | None = None
     ray_address: str | None = None
+    ray_num_cpus: int | None = None
+    ray_num_gpus: int | None = None
+    ray_object_store_mb: int | None = None
+    ray_temp_dir: str | None = None
+    claim_ahead_secs: float | None = None
     allow_version_mismatch: bool = False
-    runner: str = "process"
+    runner: str = DEFAULT_RUNNER
 
 
 def effective_settings(manifest: Manifest, options: WorkerOptions) -> Settings:
     settings = manifest.request.settings
     overrides = {
         key: getattr(options, key)
-        for key in ("lock_timeout_secs", "max_retries", "poll_interval_secs", "heartbeat_interval_secs", "ray_address")
+        for key in (
+            "lock_timeout_secs",
+            "max_retries",
+            "poll_interval_secs",
+            "heartbeat_interval_secs",
+            "ray_address",
+            "ray_num_cpus",
+            "ray_num_gpus",
+            "ray_object_store_mb",
+            "ray_temp_dir",
+            "claim_ahead_secs",
+        )
         if getattr(options, key) is not None
     }
     settings = replace(settings, **overrides)
@@ -89,6 +108,58 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class _Staged:
+    """A claimed attempt ready to run: its heartbeat already beats, its input is verified."""
+
+    claim: Claim
+    spec: ShardSpec
+    record: AttemptRecord
+    ctx: AttemptContext
+    heartbeat: HeartbeatThread
+
+
+class _Lookahead:
+    """Claims the next shard once the current one is expected to end within the claim-ahead window.
+
+    The expectation comes from this worker's last shard (bytes per second), so nothing is claimed
+    ahead during the first shard, and at most one shard is ever held ahead; the window is at most
+    half a lease, and the queued claim is heartbeated like a running one.
+    """
+
+    def __init__(self, worker: Worker, spec: ShardSpec):
+        self.worker = worker
+        self.spec = spec
+        self.began = time.monotonic()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    def start(self) -> None:
+        settings = self.worker.settings
+        window = min(settings.claim_ahead_secs, settings.lock_timeout_secs / 2)
+        if window <= 0 or self.worker.last_rate is None:
+            return
+        delay = max(0.0, self.spec.bytes / self.worker.last_rate - window)
+        self._thread = threading.Thread(target=self._run, args=(delay,), name="claim-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, delay: float) -> None:
+        if self._done.wait(delay):
+            return
+        try:
+            self.worker.claim_ahead()
+        except Exception:
+            log.exception("claiming ahead failed; the next shard is claimed when this one ends")
+
+    def finish(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 class Worker:
     def __init__(self, job_dir: Path, options: WorkerOptions, runner: Runner | None = None):
         self.layout = JobLayout(Path(os.path.abspath(job_dir)))
@@ -98,17 +169,40 @@ class Worker:
         self.host = socket.gethostname()
         self.claims = Claims(self.layout, self.host, os.getpid())
         self.observer = StalenessObserver(self.settings.lock_timeout_secs)
-        self.runner = runner or get_runner(options.runner)
+        self.runner = runner or get_runner(options.runner, self._node_runtime())
         self.terminal: dict[str, str] = {}
         self.claimed = 0
         self.completed = 0
         self.current: AttemptContext | None = None
+        self.staged: _Staged | None = None
+        self.last_rate: float | None = None
         self.stopping: str | None = None
         self._wake = threading.Event()
+
+    def _node_runtime(self) -> NodeRuntime:
+        settings = self.settings
+        return NodeRuntime(
+            ray_address=settings.ray_address,
+            num_cpus=settings.ray_num_cpus,
+            num_gpus=settings.ray_num_gpus,
+            object_store_mb=settings.ray_object_store_mb,
+            temp_dir=settings.ray_temp_dir,
+            custom_operator_paths=tuple(self._job_recipe().get("custom_operator_paths") or ()),
+            env=self._attempt_env(),
+            log_dir=self.layout.runtime_logs,
+            hang_secs=max(settings.heartbeat_interval_secs, MIN_HANG_SECS),
+        )
 
     # -- the claim loop ---------------------------------------------------------------------
 
     def run(self) -> int:
+        try:
+            return self._claim_loop()
+        finally:
+            self.drop_staged("the worker is leaving")
+            self.runner.close()
+
+    def _claim_loop(self) -> int:
         check_engine(self.manifest, self.options.allow_version_mismatch)
         log.info(
             "worker on host=%s pid=%d: job %s, %d shards, runner=%s, ray_address=%s, lease %.0fs",
@@ -124,6 +218,10 @@ class Worker:
             if self.stopping:
                 log.warning("worker stopping: %s", self.stopping)
                 return EXIT_ERROR
+            if self.staged is not None and FAILED not in self.terminal.values():
+                staged, self.staged = self.staged, None
+                self._execute(staged)
+                continue
             if self.options.max_shards is not None and self.claimed >= self.options.max_shards:
                 log.info("reached --max-shards %d; completed %d shard(s) here", self.options.max_shards, self.completed)
                 return EXIT_OK
@@ -206,6 +304,15 @@ class Worker:
     # -- one attempt --------------------------------------------------------------------------
 
     def process(self, claim: Claim) -> None:
+        staged = self._stage(claim)
+        if staged is not None:
+            self._execute(staged)
+
+    def _stage(self, claim: Claim) -> _Staged | None:
+        """Everything before the engine runs: attempt dir and record, heartbeat, input check, recipe.
+
+        Returns None when the attempt already failed here (recorded like any failed attempt).
+        """
         spec = self.manifest.shard(claim.shard_id)
         attempt_dir = self.layout.attempt_dir(claim.shard_id, claim.attempt_id)
         attempt_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -244,15 +351,39 @@ class Worker:
             heartbeat.phase = phase
 
         ctx.set_phase = set_phase
-        self.current = ctx
-        log.info("claimed %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
         try:
             heartbeat.beat()
             heartbeat.start()
-            stats = self._run_attempt(ctx, spec)
+            self._check_input(ctx, spec)
+            return _Staged(claim, spec, record, ctx, heartbeat)
+        except AttemptFailed as exc:
+            heartbeat.stop()
+            self._record_failure(claim, record, ctx, str(exc))
+            return None
+        except Exception as exc:
+            heartbeat.stop()
+            self._record_failure(claim, record, ctx, f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _execute(self, staged: _Staged) -> None:
+        claim, spec, record, ctx, heartbeat = staged.claim, staged.spec, staged.record, staged.ctx, staged.heartbeat
+        files = attempt_files(ctx.attempt_dir)
+        self.current = ctx
+        log.info("processing %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
+        lookahead = _Lookahead(self, spec)
+        try:
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
-            set_phase("publishing")
+            lookahead.start()
+            self.runner.run(ctx)
+            if ctx.stop_reason() is not None:
+                raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            ctx.set_phase("collecting output")
+            try:
+                stats = collect(ctx.ray_output, files["processed"], spec.first_row, spec.rows)
+            except OSError as exc:
+                raise AttemptFailed(f"collecting output failed: {exc}") from None
+            ctx.set_phase("publishing")
             completion = CompletionRecord(
                 shard_id=claim.shard_id,
                 attempt_id=claim.attempt_id,
@@ -273,6 +404,7 @@ class Worker:
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
             self.claims.finish(claim, DONE)
             self.completed += 1
+            self.last_rate = spec.bytes / max(lookahead.elapsed(), 1e-3)
             record = replace(record, status="succeeded", finished_at=time.time(), exit_code=0)
             fsops.replace_atomic(files["record"], encode(record))
             log.info(
@@ -288,8 +420,9 @@ class Worker:
         finally:
             heartbeat.stop()
             self.current = None
+            lookahead.finish()
 
-    def _run_attempt(self, ctx: AttemptContext, spec: ShardSpec) -> Any:
+    def _check_input(self, ctx: AttemptContext, spec: ShardSpec) -> None:
         ctx.set_phase("verifying input")
         shard_path = self.layout.shard_input(spec.shard_id)
         try:
@@ -299,20 +432,38 @@ class Worker:
         if digest != spec.sha256:
             raise AttemptFailed(f"shard input {shard_path} is corrupt: sha256 {digest} != manifest {spec.sha256}")
         self._write_attempt_recipe(ctx, shard_path)
-        self.runner.run(ctx)
-        if ctx.stop_reason() is not None:
-            raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
-        ctx.set_phase("collecting output")
-        try:
-            return collect(ctx.ray_output, attempt_files(ctx.attempt_dir)["processed"], spec.first_row, spec.rows)
-        except OSError as exc:
-            raise AttemptFailed(f"collecting output failed: {exc}") from None
+        ctx.set_phase("queued")
 
-    def _record_failure(self, claim: Claim, record: AttemptRecord, ctx: AttemptContext, error: str) -> None:
+    # -- claim-ahead ----------------------------------------------------------------------------
+
+    def claim_ahead(self) -> None:
+        """Claim and stage the next shard while the current one runs (called by _Lookahead)."""
+        if self.stopping or self.staged is not None:
+            return
+        if self.options.max_shards is not None and self.claimed >= self.options.max_shards:
+            return
+        claim, _failed = self.scan()
+        if claim is None:
+            return
+        self.claimed += 1
+        log.info("claimed %s ahead, while the current shard finishes", claim.shard_id)
+        self.staged = self._stage(claim)
+
+    def drop_staged(self, why: str) -> None:
+        """Hand a claimed-ahead shard back at once; it never started."""
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return
+        staged.heartbeat.stop()
+        self._record_failure(staged.claim, staged.record, staged.ctx, f"handed back before it started: {why}", handback=True)
+
+    def _record_failure(
+        self, claim: Claim, record: AttemptRecord, ctx: AttemptContext, error: str, handback: bool = False
+    ) -> None:
         files = attempt_files(ctx.attempt_dir)
         lost = ctx.stop_reason() is not None and ctx.stop_reason().startswith("claim lost")
         status = "fenced" if lost else "failed"
-        if self.stopping and not lost:
+        if (self.stopping or handback) and not lost:
             status = "interrupted"
         record = replace(record, status=status, finished_at=time.time(), error=error)
         try:
@@ -350,13 +501,17 @@ class Worker:
                 env[key] = cache
         return env
 
-    def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
+    def _job_recipe(self) -> dict[str, Any]:
         try:
             config: dict[str, Any] = yaml.safe_load(self.layout.recipe.read_bytes())
         except (OSError, yaml.YAMLError) as exc:
             raise JobStateError(f"cannot read the job's recipe {self.layout.recipe}: {exc}") from None
         if sha256_file(self.layout.recipe) != self.manifest.recipe_sha256:
             raise JobStateError(f"{self.layout.recipe} was modified after prepare (sha256 differs from the manifest)")
+        return config
+
+    def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
+        config = self._job_recipe()
         config["dataset_path"] = str(shard_path)
         config["export_path"] = str(ctx.ray_output)
         config["work_dir"] = str(ctx.attempt_dir)
@@ -373,8 +528,9 @@ class Worker:
         """Stop claiming, and hand the current shard back at once (graceful drain)."""
         self.stopping = reason
         self._wake.set()
-        if self.current is not None:
-            self.current.stop(reason)
+        for attempt in (self.current, self.staged.ctx if self.staged else None):
+            if attempt is not None:
+                attempt.stop(reason)
 
 
 def run_worker(job_dir: Path, options: WorkerOptions, runner: Runner | None = None) -> int:

@@ -9,6 +9,7 @@ instead of after a lease, so the surviving workers pick its shard up immediately
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -86,6 +87,14 @@ def _wait_for(req: JobRequest, procs: dict[int, subprocess.Popen[bytes]], interr
     return failures
 
 
+def _cpu_share(req: JobRequest, workers: int) -> list[str]:
+    """Workers on one machine split its CPUs unless the job caps them: each one starts its own Ray
+    runtime, and every runtime would otherwise size itself to the whole machine."""
+    if workers < 2 or req.settings.ray_num_cpus is not None or req.settings.ray_address != "local":
+        return []
+    return ["--ray-num-cpus", str(max(1, (os.cpu_count() or 1) // workers))]
+
+
 def run_local(req: JobRequest, workers: int, runner: str) -> int:
     preflight_job(req)
     if workers > req.num_shards:
@@ -97,7 +106,7 @@ def run_local(req: JobRequest, workers: int, runner: str) -> int:
         )
     message, _ = prepare_job(req)
     log.info("%s; starting %d local worker process(es)", message, workers)
-    command = worker_command(req.layout.root, "--runner", runner)
+    command = worker_command(req.layout.root, "--runner", runner, *_cpu_share(req, workers))
     env = worker_env()
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for _ in range(workers):

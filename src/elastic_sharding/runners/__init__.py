@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 from ..errors import UsageError
-from .base import AttemptContext, Runner
+from .base import AttemptContext, NodeRuntime, Runner
 
-RUNNERS = ("process",)
+RUNNERS = ("warm", "process")
+# The default runner; tests and operators can switch every command to the other one at once.
+DEFAULT_RUNNER = os.environ.get("ELASTIC_SHARD_RUNNER", "warm")
 
 
-def get_runner(name: str) -> Runner:
+def get_runner(name: str, runtime: NodeRuntime | None = None) -> Runner:
+    runtime = runtime or NodeRuntime()
+    if name == "warm":
+        from .warm import WarmRunner
+
+        return WarmRunner(runtime)
     if name == "process":
         from .process import ProcessRunner
 
-        return ProcessRunner()
+        return ProcessRunner(runtime)
     raise UsageError(f"unknown runner {name!r}; choose one of {', '.join(RUNNERS)}")
 
 
-__all__ = ["AttemptContext", "Runner", "RUNNERS", "get_runner"]
+__all__ = ["AttemptContext", "DEFAULT_RUNNER", "NodeRuntime", "Runner", "RUNNERS", "get_runner"]

@@ -1,9 +1,9 @@
-"""What a runner gets for one attempt, and how it is told to stop."""
+"""What a runner gets for one attempt, how it is told to stop, and the node runtime it may keep."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -33,8 +33,52 @@ class AttemptContext:
         return self._reason
 
 
+@dataclass(frozen=True)
+class NodeRuntime:
+    """The node-local Ray runtime a worker's runner starts (or joins), fixed for the worker's life.
+
+    The caps apply only when the runner starts its own runtime (`ray_address: local`); an existing
+    head brings its own resources.
+    """
+
+    ray_address: str = "local"
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    object_store_mb: int | None = None
+    temp_dir: str | None = None
+    custom_operator_paths: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    hang_secs: float = 30.0
+
+    @property
+    def starts_own(self) -> bool:
+        return self.ray_address == "local"
+
+    def caps_given(self) -> bool:
+        return any(v is not None for v in (self.num_cpus, self.num_gpus, self.object_store_mb, self.temp_dir))
+
+    def entry_args(self) -> list[str]:
+        """Command-line form for the child processes that start Ray (see ray_runtime.add_arguments)."""
+        args = ["--ray-address", self.ray_address]
+        for flag, value in (
+            ("--num-cpus", self.num_cpus),
+            ("--num-gpus", self.num_gpus),
+            ("--object-store-mb", self.object_store_mb),
+            ("--temp-dir", self.temp_dir),
+        ):
+            if value is not None:
+                args += [flag, str(value)]
+        for path in self.custom_operator_paths:
+            args += ["--custom-op", path]
+        return args
+
+
 class Runner(Protocol):
     name: str
 
     def run(self, ctx: AttemptContext) -> None:
         """Process ctx's shard into ctx.ray_output; raise AttemptFailed on failure."""
+
+    def close(self) -> None:
+        """Release whatever the runner keeps between attempts (called once, when the worker ends)."""

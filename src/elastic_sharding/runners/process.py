@@ -18,13 +18,15 @@ import sys
 from pathlib import Path
 
 from ..errors import AttemptFailed
-from .base import AttemptContext
+from .base import AttemptContext, NodeRuntime
 
 log = logging.getLogger(__name__)
 
 DJ_ENTRY = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
 STOP_GRACE_SECS = 10.0
 _PR_SET_PDEATHSIG = 1
+# Children run our entry modules by name, wherever the worker was started from.
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -89,10 +91,24 @@ def last_error_line(log_path: Path) -> str:
 class ProcessRunner:
     name = "process"
 
+    def __init__(self, runtime: NodeRuntime | None = None):
+        self.runtime = runtime or NodeRuntime()
+
+    def _command(self, recipe: Path) -> list[str]:
+        if self.runtime.starts_own and self.runtime.caps_given():
+            entry = ["-m", "elastic_sharding.runners.process_entry", *self.runtime.entry_args(), "--"]
+        else:
+            entry = ["-c", DJ_ENTRY]
+        return [sys.executable, *entry, "--config", str(recipe)]
+
+    def close(self) -> None:
+        pass
+
     def run(self, ctx: AttemptContext) -> None:
-        command = [sys.executable, "-c", DJ_ENTRY, "--config", str(ctx.recipe_path)]
+        command = self._command(ctx.recipe_path)
         env = dict(os.environ)
         env.update(ctx.env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
         with open(ctx.log_path, "ab") as log_file:
             log_file.write(f"# {' '.join(command)}\n".encode())
             log_file.flush()
