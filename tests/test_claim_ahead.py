@@ -9,6 +9,7 @@ import time
 
 from fakes import FakeRunner
 
+from elastic_sharding.lease import Claims
 from elastic_sharding.worker import Worker, WorkerOptions
 
 
@@ -88,3 +89,15 @@ def test_a_terminal_failure_hands_back_the_staged_shard(make_job):
     assert records[failing] == "failed"
     assert records.get("part-00003-of-00004") in (None, "interrupted")
     assert not (job / "state" / "locks" / "part-00003-of-00004.json").exists()
+
+
+def test_nothing_is_claimed_ahead_once_fewer_shards_are_pending_than_workers_are_busy(make_job):
+    job = make_job(rows=40, shards=4, lock_timeout_secs=4.0)
+    worker = Worker(job, WorkerOptions(), runner=FakeRunner())
+    others = Claims(worker.layout, "other-host", 1)
+    assert not worker._in_the_tail()
+    for n in range(2):
+        assert others.try_claim(f"part-0000{n}-of-00004") is not None
+    assert not worker._in_the_tail()  # 2 pending, 2 busy
+    assert others.try_claim("part-00002-of-00004") is not None
+    assert worker._in_the_tail()  # 1 pending, 3 busy: an idle worker would take it sooner

@@ -10,8 +10,9 @@ from conftest import REPO
 
 from elastic_sharding.cli import build_parser
 
-# Flags of other programs that the READMEs mention (mpirun, srun, unshare, ray start).
-FOREIGN_FLAGS = {"--allow-run-as-root", "--ntasks-per-node", "--mca", "--uts", "--head"}
+# Flags of other programs that the READMEs mention (mpirun, srun, unshare, ray start, and
+# dj-process's --executor_type, which the pattern below reads up to the underscore).
+FOREIGN_FLAGS = {"--allow-run-as-root", "--ntasks-per-node", "--mca", "--uts", "--head", "--executor"}
 PLACEHOLDERS = {"--opt"}  # "`--opt value` and `--opt=value`"
 
 
@@ -33,8 +34,12 @@ def _code(text: str) -> tuple[list[str], list[str]]:
     return blocks, inline
 
 
+def _bench_flags() -> set[str]:
+    return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', (REPO / "bench" / "elastic_bench.py").read_text()))
+
+
 def test_every_documented_flag_exists():
-    known = _flags() | FOREIGN_FLAGS | PLACEHOLDERS
+    known = _flags() | _bench_flags() | FOREIGN_FLAGS | PLACEHOLDERS
     for name in ("README.md", "README_ZH.md"):
         text = (REPO / name).read_text()
         documented = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", text))

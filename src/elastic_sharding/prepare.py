@@ -141,6 +141,16 @@ class _Scan(NamedTuple):
     stride: int
 
 
+def _parse_object(line: bytes, path: Path, lineno: int) -> dict[str, Any]:
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise line_error(line, path, lineno) from None
+    if type(row) is not dict:
+        raise line_error(line, path, lineno)
+    return row
+
+
 def _blocks(
     label: str, files: list[Path], readers: list[HashingLineReader], offload: Offload, quiet: bool
 ) -> Iterator[tuple[HashingLineReader, int, list[bytes]]]:
@@ -169,7 +179,7 @@ def _scan(
     schema = SchemaNode()
     add_row = schema.add_row
     normalize = normalizer.normalize
-    loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
+    dumps = orjson.dumps
     readers: list[HashingLineReader] = []
     marks: list[int] = []
     stride = 1
@@ -180,13 +190,7 @@ def _scan(
         path = reader.path
         base = base_of[path]
         for lineno, line in enumerate(lines, first):
-            try:
-                row = loads(line)
-            except decode_error:
-                raise line_error(line, path, lineno) from None
-            if type(row) is not dict:
-                raise line_error(line, path, lineno)
-            row = normalize(row, base, index, path, lineno)
+            row = normalize(_parse_object(line, path, lineno), base, index, path, lineno)
             weight += len(dumps(row)) + 1
             add_row(row, (path, lineno))
             index += 1
@@ -530,7 +534,7 @@ def _write_shards(
     writer = _ShardWriter(layout, count, offload)
     shape = scan.schema.shaper() or (lambda row: row)
     normalize = normalizer.normalize
-    loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
+    dumps = orjson.dumps
     windows = iter(_cut_windows(scan, count))
     window_end, cumulative, window_weight, exact = -1, 0, 0, False
     shard = 0
@@ -546,13 +550,7 @@ def _write_shards(
                     raise InputError("gained rows while prepare was reading it", path, lineno)
                 if row_index >= window_end:
                     window_end, cumulative, window_weight, exact = next(windows)
-                try:
-                    row = loads(line)
-                except decode_error:
-                    raise line_error(line, path, lineno) from None
-                if type(row) is not dict:
-                    raise line_error(line, path, lineno)
-                row = normalize(row, base, row_index, path, lineno)
+                row = normalize(_parse_object(line, path, lineno), base, row_index, path, lineno)
                 if exact:
                     cumulative += len(dumps(row)) + 1
                 else:

@@ -7,6 +7,7 @@ either nothing or a complete record. Decoding validates types and names the file
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -63,10 +64,16 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """Resolving annotations costs more than decoding a small record, and workers decode many."""
+    return typing.get_type_hints(cls)
+
+
 def from_dict(cls: type[R], data: Any, where: str = "record") -> R:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected an object")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:

@@ -442,12 +442,29 @@ class Worker:
             return
         if self.options.max_shards is not None and self.claimed >= self.options.max_shards:
             return
+        if self._in_the_tail():
+            return
         claim, _failed = self.scan()
         if claim is None:
             return
         self.claimed += 1
         log.info("claimed %s ahead, while the current shard finishes", claim.shard_id)
         self.staged = self._stage(claim)
+
+    def _in_the_tail(self) -> bool:
+        """Fewer unclaimed shards than busy workers: a shard held ahead here would wait for this
+        worker while another one goes idle, so the end of the job is left to plain claiming.
+        Two directory listings, no record reads."""
+
+        def names(directory: Path) -> set[str]:
+            try:
+                return set(os.listdir(directory))
+            except FileNotFoundError:
+                return set()
+
+        claimed = names(self.layout.state / "locks")
+        busy = len(claimed - names(self.layout.state / "done") - names(self.layout.state / "failed"))
+        return len(self.manifest.shards) - len(claimed) < busy
 
     def drop_staged(self, why: str) -> None:
         """Hand a claimed-ahead shard back at once; it never started."""

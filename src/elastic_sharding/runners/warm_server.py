@@ -27,6 +27,8 @@ import orjson
 from . import ray_runtime
 
 PULSE_SECS = 0.5
+# Below this many rows a second pass to split the read costs more than the parallelism gains.
+REPARTITION_MIN_ROWS = 2048
 
 
 class Events:
@@ -89,13 +91,22 @@ def _load_custom_ops_once() -> None:
 
 
 def _materialize_reads() -> None:
-    """Read each shard fully before Data-Juicer inspects it (see the module docstring)."""
+    """Read each shard fully before Data-Juicer inspects it (see the module docstring), in at
+    least as many blocks as the runtime has CPUs: a small shard file is read as one block, and one
+    block is processed by one task on one CPU while the others idle (12.5k-row shards on 2 CPUs:
+    ~12 % faster). Row order inside the output does not matter (the worker restores it) and the
+    recipe's operators are row-wise."""
+    import ray
     from data_juicer.core.data.ray_dataset import RayDataset
 
     original = RayDataset.read.__func__
 
     def read(cls: type, data_format: str, paths: Any, **kwargs: Any) -> Any:
-        return original(cls, data_format, paths, **kwargs).materialize()
+        dataset = original(cls, data_format, paths, **kwargs).materialize()
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        if dataset.num_blocks() < cpus and dataset.count() >= REPARTITION_MIN_ROWS:
+            dataset = dataset.repartition(cpus).materialize()
+        return dataset
 
     RayDataset.read = classmethod(read)
 

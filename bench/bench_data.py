@@ -1,0 +1,148 @@
+"""Benchmark inputs and recipes, generated fresh into the run's work directory.
+
+The data is deterministic (seeded) so that two runs at the same size process the same bytes.
+Rows look like web text: mixed word lengths, stray tabs and non-breaking spaces, e-mail
+addresses, full-width punctuation and a few rows short enough for the length filter to drop,
+so every operator of the CPU recipe has real work to do.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+BENCH_DIR = Path(__file__).resolve().parent
+CUSTOM_OPS = BENCH_DIR / "ops" / "bench_ops"
+
+_WORDS = [
+    "data",
+    "juicer",
+    "shard",
+    "worker",
+    "claim",
+    "lease",
+    "node",
+    "ray",
+    "cluster",
+    "merge",
+    "prepare",
+    "recipe",
+    "filter",
+    "mapper",
+    "text",
+    "sample",
+    "quality",
+    "corpus",
+    "token",
+    "language",
+    "model",
+    "training",
+    "pipeline",
+    "elastic",
+    "shared",
+    "filesystem",
+    "process",
+    "batch",
+    "block",
+    "export",
+    "import",
+    "schema",
+    "manifest",
+    "heartbeat",
+    "takeover",
+    "output",
+    "input",
+    "row",
+    "column",
+    "value",
+]
+_ODD_SPACES = ("\t", "\u00a0", "\u2009", "  ", "\u200b")
+_PUNCT = ("，", "。", "！", "？", "；", "：", ",", ".", "!", "?")
+
+
+def _text(rng: random.Random) -> str:
+    if rng.random() < 0.05:
+        return rng.choice(_WORDS)  # too short: dropped by text_length_filter
+    parts: list[str] = []
+    for _ in range(rng.randint(20, 70)):
+        word = rng.choice(_WORDS)
+        if rng.random() < 0.1:
+            word = word.upper()
+        parts.append(word)
+        roll = rng.random()
+        if roll < 0.08:
+            parts.append(rng.choice(_PUNCT))
+        elif roll < 0.11:
+            parts.append(rng.choice(_ODD_SPACES))
+        elif roll < 0.12:
+            parts.append(f"{rng.choice(_WORDS)}{rng.randint(1, 999)}@example.com")
+    return " ".join(parts)
+
+
+def write_dataset(path: Path, rows: int, seed: int = 20261101) -> Path:
+    """Write `rows` JSONL rows with an `id`, a `text` and a small `meta` object."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb", buffering=1 << 20) as out:
+        chunk: list[bytes] = []
+        for i in range(rows):
+            row = {"id": i, "text": _text(rng), "meta": {"source": rng.choice(("web", "book", "code")), "n": rng.randint(0, 9)}}
+            chunk.append(orjson.dumps(row) + b"\n")
+            if len(chunk) == 4096:
+                out.write(b"".join(chunk))
+                chunk.clear()
+        out.write(b"".join(chunk))
+    return path
+
+
+def write_tiny_dataset(path: Path, rows: int) -> Path:
+    """Rows as small as a valid row gets: for measuring coordination, not processing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps({"id": i, "text": f"row {i}"}) + b"\n" for i in range(rows)))
+    return path
+
+
+CPU_OPS: list[dict[str, Any]] = [
+    {"whitespace_normalization_mapper": {"text_key": "text"}},
+    {"clean_email_mapper": {"text_key": "text"}},
+    {"punctuation_normalization_mapper": {"text_key": "text"}},
+    {"alphanumeric_filter": {"text_key": "text", "min_ratio": 0.5}},
+    {"character_repetition_filter": {"text_key": "text", "rep_len": 10, "max_ratio": 0.9}},
+    {"special_characters_filter": {"text_key": "text", "max_ratio": 0.5}},
+    {"text_length_filter": {"text_key": "text", "min_len": 20, "max_len": 100000}},
+]
+
+
+def write_recipe(
+    path: Path,
+    dataset: Path,
+    export: Path,
+    ops: list[dict[str, Any]],
+    executor: str = "ray",
+    custom_ops: bool = False,
+) -> Path:
+    """A Data-Juicer recipe; the same body serves our jobs and the plain `dj-process` baselines."""
+    config: dict[str, Any] = {
+        "project_name": "elastic-bench",
+        "dataset_path": str(dataset),
+        "export_path": str(export),
+        "work_dir": str(path.parent / f"{path.stem}-work"),
+        "executor_type": executor,
+        "ray_address": "local",
+        "skip_op_error": False,
+        "process": ops,
+    }
+    if custom_ops:
+        config["custom_operator_paths"] = [str(CUSTOM_OPS)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def sleep_ops(ms_per_row: float) -> list[dict[str, Any]]:
+    """The heterogeneous-nodes recipe: one cheap real op plus the per-row sleep."""
+    return [{"whitespace_normalization_mapper": {"text_key": "text"}}, {"bench_sleep_mapper": {"ms_per_row": ms_per_row}}]

@@ -1,0 +1,285 @@
+"""What every measurement shares: the work directory, timed child processes, job records, results.
+
+Every child runs in its own session so that a failed or interrupted bench can stop exactly the
+process groups it started (never anything else), and dies with the bench (PR_SET_PDEATHSIG).
+Child output goes to one log file per run under `<work>/logs/`; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+VENV_BIN = Path(PYTHON).parent
+RESOURCE_FLAGS = ("--ray-num-cpus", "--ray-num-gpus", "--ray-object-store-mb", "--ray-temp-dir")
+
+_T0 = time.monotonic()
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(f"[bench +{time.monotonic() - _T0:6.1f}s] {message}\n")
+    sys.stderr.flush()
+
+
+class BenchError(RuntimeError):
+    """A run the bench depends on failed; the message names its log."""
+
+
+@dataclass
+class Result:
+    """One printed ratio. `value` is what the target is judged on (a ratio, s/shard or claims/s)."""
+
+    name: str
+    label: str
+    ours_secs: float | None
+    baseline_secs: float | None
+    ratio: float | None  # ours / baseline, where there is a baseline
+    value: float | None
+    unit: str
+    target: str
+    met: bool | None
+    details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Bench:
+    """The run's work directory and the child processes it started."""
+
+    def __init__(self, work: Path, our_runner: str, timeout: float):
+        self.work = work
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.our_runner = our_runner
+        self.timeout = timeout
+        # Ray's socket paths must stay under 108 bytes, so its temp dirs live under a short path
+        # even when --work-dir is long.
+        self.ray_root = Path(tempfile.mkdtemp(prefix="ebray-", dir="/tmp"))
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._help: dict[str, str] = {}
+        self._ray_dirs = 0
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def elastic(self, *args: str) -> list[str]:
+        return [PYTHON, "-m", "elastic_sharding", *args]
+
+    def dj_process(self, recipe: Path) -> list[str]:
+        return [str(VENV_BIN / "dj-process"), "--config", str(recipe)]
+
+    def supports(self, command: str, flag: str) -> bool:
+        """Whether `elastic-shard <command> --help` lists `flag` (checked at run time, so the bench
+        works before and after new flags land)."""
+        if command not in self._help:
+            proc = subprocess.run(self.elastic(command, "--help"), capture_output=True, text=True, timeout=120)
+            self._help[command] = proc.stdout
+        return flag in self._help[command].split()
+
+    def resource_flags(self, command: str, num_cpus: int | None = None, object_store_mb: int | None = None) -> list[str]:
+        """Node-resource flags for `command`, only those it lists; a private Ray temp dir always."""
+        flags: list[str] = []
+        if num_cpus is not None and self.supports(command, "--ray-num-cpus"):
+            flags += ["--ray-num-cpus", str(num_cpus)]
+        if object_store_mb is not None and self.supports(command, "--ray-object-store-mb"):
+            flags += ["--ray-object-store-mb", str(object_store_mb)]
+        if self.supports(command, "--ray-temp-dir"):
+            self._ray_dirs += 1
+            path = self.ray_root / str(self._ray_dirs)
+            path.mkdir()
+            flags += ["--ray-temp-dir", str(path)]
+        return flags
+
+    def available_resource_flags(self) -> list[str]:
+        return [flag for flag in RESOURCE_FLAGS if self.supports("worker", flag)]
+
+    # -- child processes ------------------------------------------------------------------------
+
+    def start(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = self.logs / f"{name}.log"
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(log, "ab") as handle:
+            handle.write(f"# {' '.join(argv)}\n".encode())
+            handle.flush()
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                cwd=str(cwd or self.work),
+                env=full_env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        proc.log_path = log  # type: ignore[attr-defined]
+        self._children[proc.pid] = proc
+        return proc
+
+    def wait(self, procs: Iterable[subprocess.Popen[bytes]], what: str) -> dict[int, float]:
+        """Wait for all; return each one's exit time (monotonic). Any failure stops the rest."""
+        pending = {proc.pid: proc for proc in procs}
+        ended: dict[int, float] = {}
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            for pid, proc in list(pending.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                ended[pid] = time.monotonic()
+                del pending[pid]
+                self._children.pop(pid, None)
+                # Ray helpers may outlive their driver briefly; the group must not leak.
+                _signal_group(pid, signal.SIGKILL)
+                if code != 0:
+                    self.stop_all()
+                    raise BenchError(
+                        f"{what}: {Path(proc.args[0]).name} exited {code}; see {proc.log_path}\n{_tail(proc.log_path)}"
+                    )  # type: ignore[attr-defined]
+            if time.monotonic() > deadline:
+                self.stop_all()
+                raise BenchError(f"{what}: still running after {self.timeout:.0f}s; stopped")
+            time.sleep(0.02)
+        return ended
+
+    def run(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> float:
+        """Run one command to completion; return its wall time in seconds."""
+        t0 = time.monotonic()
+        proc = self.start(name, argv, env, cwd)
+        ended = self.wait([proc], name)
+        return ended[proc.pid] - t0
+
+    def stop_all(self) -> None:
+        """Stop every process group this bench started and that is still running."""
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is None:
+                _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for pid, proc in list(self._children.items()):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            _signal_group(pid, signal.SIGKILL)
+            self._children.pop(pid, None)
+
+    def close(self, keep: bool) -> None:
+        self.stop_all()
+        shutil.rmtree(self.ray_root, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# -- job records ------------------------------------------------------------------------------------
+
+
+def completions(job_dir: Path) -> list[dict[str, Any]]:
+    """Every completion record (`state/done/*.json`): started_at/finished_at/pid/rows per shard."""
+    return [orjson.loads(path.read_bytes()) for path in sorted((job_dir / "state" / "done").glob("*.json"))]
+
+
+def shard_seconds(records: list[dict[str, Any]]) -> list[float]:
+    """Each shard's attempt duration, in the order the attempts started."""
+    return [r["finished_at"] - r["started_at"] for r in sorted(records, key=lambda r: r["started_at"])]
+
+
+def effective_seconds(records: list[dict[str, Any]]) -> list[float]:
+    """Each shard's processing time, in the order the attempts started.
+
+    A worker may claim its next shard ahead while the current one still runs (its `started_at`
+    is the claim time), but it processes one shard at a time: a shard's processing begins at
+    its claim or at the end of the same worker's previous shard, whichever is later.
+    """
+    ordered = sorted(records, key=lambda r: r["started_at"])
+    by_worker: dict[tuple[str, int], list[int]] = {}
+    for i, r in enumerate(ordered):
+        by_worker.setdefault((r["host"], r["pid"]), []).append(i)
+    effective = [0.0] * len(ordered)
+    for indexes in by_worker.values():
+        previous_end = float("-inf")
+        for i in sorted(indexes, key=lambda i: ordered[i]["finished_at"]):
+            effective[i] = ordered[i]["finished_at"] - max(ordered[i]["started_at"], previous_end)
+            previous_end = ordered[i]["finished_at"]
+    return effective
+
+
+def span(records: list[dict[str, Any]]) -> float:
+    """From the first attempt's start to the last completion: the processing makespan."""
+    return max(r["finished_at"] for r in records) - min(r["started_at"] for r in records)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def count_lines(path: Path) -> int:
+    """Rows of a JSONL file, or of a Ray output directory of part files."""
+    parts = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    total = 0
+    for part in parts:
+        with open(part, "rb") as handle:
+            total += sum(chunk.count(b"\n") for chunk in iter(lambda h=handle: h.read(1 << 20), b""))
+    return total
+
+
+# -- the machine ------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    ram_gib = 0.0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram_gib = int(line.split()[1]) / 1024 / 1024
+                break
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=REPO, capture_output=True, text=True).stdout)
+    return {
+        "cores": os.cpu_count(),
+        "ram_gib": round(ram_gib, 1),
+        "cpu_model": model or platform.processor() or "unknown",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "hostname": platform.node(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "git_commit": commit + ("+dirty-src" if dirty else ""),
+    }

@@ -1,0 +1,181 @@
+"""elastic-sharding benchmark: every performance ratio of DESIGN §5, each measured side by side
+with its baseline in this one invocation (on a shared, noisy box only ratios mean anything).
+
+Usage: bench/run [--quick] [--rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
+The table goes to stdout, progress to stderr, everything measured to the JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from bench_lib import REPO, Bench, BenchError, Result, machine_info, progress
+from bench_measures import Sizes, measure_claims, measure_e2e, measure_hetero, measure_overhead, measure_prepare_merge
+
+from elastic_sharding.runners import RUNNERS
+
+DEFAULT = Sizes(
+    rows=100_000,
+    # prepare and merge exist for very large inputs: at 100k rows (~38 MB) their fixed start-up
+    # (~3 s, mostly importing Data-Juicer to validate the recipe) would be all that is measured.
+    io_rows=1_000_000,
+    overhead_shards=16,
+    overhead_rows_per_shard=50,
+    e2e_shards=8,
+    hetero_shards=24,
+    hetero_rows_per_shard=20,
+    hetero_ms_per_row=50.0,
+    hetero_slowdown=3.0,
+    claim_shards=2000,
+    claim_workers=8,
+    repeats=3,
+)
+QUICK = dataclasses.replace(DEFAULT, rows=10_000, io_rows=0, overhead_shards=3, hetero_shards=6, claim_shards=400, repeats=1)
+
+# Name -> (the results it yields, how to measure them). Names are what --only accepts.
+NAMES = ("overhead", "e2e_ray", "e2e_partitioned", "hetero_dynamic", "hetero_static", "prepare", "merge", "claims")
+GROUPS: dict[str, tuple[str, ...]] = {"e2e": ("e2e_ray", "e2e_partitioned"), "hetero": ("hetero_dynamic", "hetero_static")}
+
+
+def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Bench, Sizes], list[Result]]]]:
+    """Group the wanted results by the measurement that produces them, in a fixed order."""
+    plan: list[tuple[tuple[str, ...], Callable[[Bench, Sizes], list[Result]]]] = []
+
+    def want(*names: str) -> tuple[str, ...]:
+        return tuple(n for n in names if n in wanted)
+
+    if names := want("overhead"):
+        plan.append((names, measure_overhead))
+    if names := want("e2e_ray", "e2e_partitioned"):
+        plan.append((names, lambda b, s, n=names: measure_e2e(b, s, n)))
+    if names := want("hetero_dynamic", "hetero_static"):
+        plan.append((("hetero_dynamic", "hetero_static"), measure_hetero))
+    if names := want("prepare", "merge"):
+        plan.append((names, lambda b, s, n=names: measure_prepare_merge(b, s, n)))
+    if names := want("claims"):
+        plan.append((names, measure_claims))
+    return plan
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes for a CI smoke test (a few minutes)")
+    parser.add_argument("--rows", type=int, help=f"end-to-end input rows (default {DEFAULT.rows}, quick {QUICK.rows})")
+    parser.add_argument("--io-rows", type=int, help=f"prepare/merge input rows (default {DEFAULT.io_rows:,}; quick: --rows)")
+    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "latest.json", help="results file")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join((*NAMES, *GROUPS))}")
+    parser.add_argument("--our-runner", default="warm", help="runner of our jobs (default %(default)s)")
+    parser.add_argument("--work-dir", type=Path, help="parent of the run's fresh work directory (default /tmp)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, jobs) afterwards")
+    parser.add_argument("--timeout", type=float, default=1800, help="limit for any one step, seconds (default %(default)s)")
+    args = parser.parse_args(argv)
+    if args.our_runner not in RUNNERS:
+        parser.error(f"runner {args.our_runner!r} is not available in this checkout (have: {', '.join(RUNNERS)})")
+    wanted: list[str] = []
+    for name in args.only.split(",") if args.only else NAMES:
+        name = name.strip()
+        if name not in NAMES and name not in GROUPS:
+            parser.error(f"unknown --only name {name!r}; choose from {', '.join((*NAMES, *GROUPS))}")
+        wanted += GROUPS.get(name, (name,))
+    args.wanted = tuple(n for n in NAMES if n in wanted)
+    sizes = QUICK if args.quick else DEFAULT
+    rows = args.rows or sizes.rows
+    args.sizes = dataclasses.replace(sizes, rows=rows, io_rows=args.io_rows or sizes.io_rows or rows)
+    return args
+
+
+def _fmt_secs(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _fmt_ratio(r: Result) -> str:
+    if r.error:
+        return "ERROR"
+    if r.ratio is not None:
+        return f"{r.ratio:.2f}x"
+    return f"{r.value:.0f} {r.unit}" if r.value is not None else "-"
+
+
+def _verdict(r: Result) -> str:
+    if r.error:
+        return "ERROR"
+    if r.met is None:
+        return "-"
+    return "met" if r.met else "MISSED"
+
+
+def table(results: list[Result], machine: dict, runner: str) -> str:
+    rows = [("ratio", "ours", "baseline", "ratio", "target", "met")]
+    for r in results:
+        rows.append((r.label, _fmt_secs(r.ours_secs), _fmt_secs(r.baseline_secs), _fmt_ratio(r), r.target, _verdict(r)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(
+        f"machine: {machine['cores']} cores, {machine['ram_gib']} GiB RAM, {machine['cpu_model']}, {machine['date']}, "
+        f"load avg {machine['load_avg_at_start']} at start, {machine['load_avg_at_end']} at end; ours = runner {runner!r}, commit {machine['git_commit']}"
+    )
+    for r in results:
+        if r.error:
+            lines.append(f"ERROR in {r.name}: {r.error.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    machine = machine_info()
+    parent = args.work_dir or Path("/tmp")
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="elastic-bench-", dir=parent))
+    bench = Bench(work, args.our_runner, args.timeout)
+    progress(f"work dir {work}; ours = runner {args.our_runner!r}; measuring {', '.join(args.wanted)}")
+    started = time.monotonic()
+    results: list[Result] = []
+    try:
+        for names, measure in _plan(args.wanted):
+            t0 = time.monotonic()
+            try:
+                got = measure(bench, args.sizes)
+            except (BenchError, OSError, RuntimeError, ValueError, KeyError, ZeroDivisionError) as exc:
+                bench.stop_all()
+                text = str(exc) if isinstance(exc, BenchError) else traceback.format_exc()
+                progress(f"{'/'.join(names)} failed: {text}")
+                got = [Result(n, n, None, None, None, None, "", "", None, error=text) for n in names]
+            results += [r for r in got if r.name in args.wanted]
+            progress(f"{'/'.join(names)} took {time.monotonic() - t0:.0f}s")
+    finally:
+        bench.close(args.keep)
+    if args.keep:
+        progress(f"kept {work}")
+    machine["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    report = {
+        "format": 1,
+        "machine": machine,
+        "our_runner": args.our_runner,
+        "quick": args.quick,
+        "sizes": dataclasses.asdict(args.sizes),
+        "resource_flags_available": bench.available_resource_flags(),
+        "bench_wall_secs": time.monotonic() - started,
+        "results": {r.name: dataclasses.asdict(r) for r in results},
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.write(table(results, machine, args.our_runner) + "\n")
+    progress(f"results in {args.json}; whole bench {report['bench_wall_secs']:.0f}s")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
