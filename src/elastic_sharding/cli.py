@@ -82,7 +82,7 @@ _SETTINGS = (
         "claim and stage the next shard when the current one should end within this many seconds (0: off)",
     ),
 )
-RUNTIME_SETTINGS = ("ray_num_cpus", "ray_num_gpus", "ray_object_store_mb", "ray_temp_dir", "claim_ahead_secs")
+SETTING_KEYS = tuple(flag[2:].replace("-", "_") for flag, *_ in _SETTINGS)
 
 
 def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool, launcher: bool = False) -> None:
@@ -243,9 +243,9 @@ def _emit_json(value: object) -> None:
 def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily)
     from .records import Settings
 
-    heartbeat = args.heartbeat_interval_secs or default_heartbeat(args.lock_timeout_secs)
-    runtime = {key: getattr(args, key) for key in RUNTIME_SETTINGS}
-    return Settings(args.lock_timeout_secs, args.max_retries, args.poll_interval_secs, heartbeat, args.ray_address, **runtime)
+    values = {key: getattr(args, key) for key in SETTING_KEYS}
+    values["heartbeat_interval_secs"] = args.heartbeat_interval_secs or default_heartbeat(args.lock_timeout_secs)
+    return Settings(**values)
 
 
 def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
@@ -302,17 +302,12 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .worker import WorkerOptions, run_worker
 
-    heartbeat = args.heartbeat_interval_secs
-    if heartbeat is None and args.lock_timeout_secs is not None:
-        heartbeat = default_heartbeat(args.lock_timeout_secs)
+    overrides = {key: getattr(args, key) for key in SETTING_KEYS}
+    if overrides["heartbeat_interval_secs"] is None and args.lock_timeout_secs is not None:
+        overrides["heartbeat_interval_secs"] = default_heartbeat(args.lock_timeout_secs)
     options = WorkerOptions(
         max_shards=args.max_shards,
-        lock_timeout_secs=args.lock_timeout_secs,
-        max_retries=args.max_retries,
-        poll_interval_secs=args.poll_interval_secs,
-        heartbeat_interval_secs=heartbeat,
-        ray_address=args.ray_address,
-        **{key: getattr(args, key) for key in RUNTIME_SETTINGS},
+        **overrides,
         allow_version_mismatch=args.allow_version_mismatch,
         runner=args.runner,
     )

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +63,10 @@ class WorkerOptions:
 
 
 def effective_settings(manifest: Manifest, options: WorkerOptions) -> Settings:
+    """The manifest's settings with every one this worker's options set (all Settings fields
+    are also WorkerOptions fields)."""
     settings = manifest.request.settings
-    overrides = {
-        key: getattr(options, key)
-        for key in (
-            "lock_timeout_secs",
-            "max_retries",
-            "poll_interval_secs",
-            "heartbeat_interval_secs",
-            "ray_address",
-            "ray_num_cpus",
-            "ray_num_gpus",
-            "ray_object_store_mb",
-            "ray_temp_dir",
-            "claim_ahead_secs",
-        )
-        if getattr(options, key) is not None
-    }
+    overrides = {f.name: getattr(options, f.name) for f in fields(settings) if getattr(options, f.name) is not None}
     settings = replace(settings, **overrides)
     validate_settings(settings)
     return settings

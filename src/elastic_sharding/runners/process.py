@@ -25,8 +25,16 @@ log = logging.getLogger(__name__)
 DJ_ENTRY = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
 STOP_GRACE_SECS = 10.0
 _PR_SET_PDEATHSIG = 1
-# Children run our entry modules by name, wherever the worker was started from.
-PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The worker's environment plus `extra`, with this package importable: runner children run
+    our entry modules by name, wherever the worker was started from."""
+    env = dict(os.environ)
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -106,9 +114,7 @@ class ProcessRunner:
 
     def run(self, ctx: AttemptContext) -> None:
         command = self._command(ctx.recipe_path)
-        env = dict(os.environ)
-        env.update(ctx.env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        env = child_env(ctx.env)
         with open(ctx.log_path, "ab") as log_file:
             log_file.write(f"# {' '.join(command)}\n".encode())
             log_file.flush()

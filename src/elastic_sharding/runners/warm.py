@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import AttemptFailed
 from .base import AttemptContext, NodeRuntime
-from .process import PACKAGE_PARENT, last_error_line, set_parent_death_signal, stop_process_group
+from .process import child_env, last_error_line, set_parent_death_signal, stop_process_group
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,7 @@ class _Server:
         self.number = number
         self.shards = 0
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ)
-        env.update(runtime.env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        env = child_env(runtime.env)
         command = [
             sys.executable,
             "-m",
