@@ -59,6 +59,24 @@ class Result:
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
+    @classmethod
+    def times(
+        cls,
+        name: str,
+        label: str,
+        ours: float,
+        baseline: float,
+        limit: str | None,
+        details: dict[str, Any],
+        of: str = "",
+    ) -> Result:
+        """ours / baseline, judged against `limit` times (as printed, e.g. "1.10"; None: reported
+        only); `of` names the baseline in the target text ("ideal")."""
+        ratio = ours / baseline
+        target = "(reported)" if limit is None else f"<= {limit}x" + (f" {of}" if of else "")
+        met = None if limit is None else ratio <= float(limit)
+        return cls(name, label, ours, baseline, ratio, ratio, "x", target, met, details)
+
 
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError):

@@ -148,19 +148,14 @@ def measure_e2e(b: Bench, s: Sizes, baselines: tuple[str, ...]) -> list[Result]:
             }
     results = []
     for name in baselines:
-        ratio = walls["ours"] / walls[name]
         results.append(
-            Result(
-                name=name,
-                label=f"1-node end-to-end vs dj-process {executors[name]}",
-                ours_secs=walls["ours"],
-                baseline_secs=walls[name],
-                ratio=ratio,
-                value=ratio,
-                unit="x",
-                target="<= 1.0x",
-                met=ratio <= 1.0,
-                details={"ours": ours_detail, "baseline_rows_out": rows[name], "same_row_count": rows[name] == rows["ours"]},
+            Result.times(
+                name,
+                f"1-node end-to-end vs dj-process {executors[name]}",
+                walls["ours"],
+                walls[name],
+                "1.0",
+                {"ours": ours_detail, "baseline_rows_out": rows[name], "same_row_count": rows[name] == rows["ours"]},
             )
         )
     return results
@@ -302,29 +297,16 @@ def measure_hetero(b: Bench, s: Sizes) -> list[Result]:
         "formula": IDEAL_FORMULA,
     }
     return [
-        Result(
-            name="hetero_dynamic",
-            label="heterogeneous 3 nodes (1 slow), dynamic vs ideal",
-            ours_secs=dyn,
-            baseline_secs=ideal,
-            ratio=dyn / ideal,
-            value=dyn / ideal,
-            unit="x",
-            target="<= 1.10x ideal",
-            met=dyn / ideal <= 1.10,
-            details=details,
+        Result.times(
+            "hetero_dynamic", "heterogeneous 3 nodes (1 slow), dynamic vs ideal", dyn, ideal, "1.10", details, of="ideal"
         ),
-        Result(
-            name="hetero_static",
-            label="heterogeneous 3 nodes (1 slow), static 1/3 split vs ideal",
-            ours_secs=static,
-            baseline_secs=static_ideal,
-            ratio=static / static_ideal,
-            value=static / static_ideal,
-            unit="x",
-            target="(reported)",
-            met=None,
-            details={"static_over_dynamic": static / dyn},
+        Result.times(
+            "hetero_static",
+            "heterogeneous 3 nodes (1 slow), static 1/3 split vs ideal",
+            static,
+            static_ideal,
+            None,
+            {"static_over_dynamic": static / dyn},
         ),
     ]
 
@@ -357,17 +339,13 @@ def measure_prepare_merge(b: Bench, s: Sizes, wanted: tuple[str, ...]) -> list[R
     if "prepare" in wanted:
         ours, base = median(prep), median(sha)
         results.append(
-            Result(
-                name="prepare",
-                label="prepare vs sha256sum of the input",
-                ours_secs=ours,
-                baseline_secs=base,
-                ratio=ours / base,
-                value=ours / base,
-                unit="x",
-                target="<= 3x",
-                met=ours / base <= 3,
-                details={
+            Result.times(
+                "prepare",
+                "prepare vs sha256sum of the input",
+                ours,
+                base,
+                "3",
+                {
                     "input_bytes": size,
                     "rows": s.io_rows,
                     "shards": s.e2e_shards,
@@ -397,17 +375,13 @@ def measure_prepare_merge(b: Bench, s: Sizes, wanted: tuple[str, ...]) -> list[R
     same = (d / "cat.jsonl").read_bytes() == (d / "merged.jsonl").read_bytes()
     ours, base = median(merges), median(cats)
     results.append(
-        Result(
-            name="merge",
-            label="merge vs cat of the shard outputs",
-            ours_secs=ours,
-            baseline_secs=base,
-            ratio=ours / base,
-            value=ours / base,
-            unit="x",
-            target="<= 2x",
-            met=ours / base <= 2,
-            details={
+        Result.times(
+            "merge",
+            "merge vs cat of the shard outputs",
+            ours,
+            base,
+            "2",
+            {
                 "output_bytes": out_bytes,
                 "shards": len(outputs),
                 "runs_ours": merges,
