@@ -70,10 +70,10 @@ _SETTINGS = (
     ),
     ("--heartbeat-interval-secs", float, None, None, "claim renewal interval"),
     ("--ray-address", str, DEFAULT_RAY_ADDRESS, DEFAULT_RAY_ADDRESS, "node-local Ray address for workers"),
-    ("--ray-num-cpus", int, None, None, "CPUs the node-local Ray runtime may use (default: all)"),
-    ("--ray-num-gpus", int, None, None, "GPUs the node-local Ray runtime may use (default: all it detects)"),
-    ("--ray-object-store-mb", int, None, None, "object store size of the node-local Ray runtime (default: Ray's, 30%% of RAM)"),
-    ("--ray-temp-dir", str, None, None, "Ray's session/socket directory, a short absolute path (default: Ray's /tmp/ray)"),
+    ("--ray-num-cpus", int, None, None, "CPUs the node-local Ray runtime may use"),
+    ("--ray-num-gpus", int, None, None, "GPUs the node-local Ray runtime may use"),
+    ("--ray-object-store-mb", int, None, None, "object store size of the node-local Ray runtime"),
+    ("--ray-temp-dir", str, None, None, "Ray's session/socket directory, a short absolute path"),
     (
         "--claim-ahead-secs",
         float,
@@ -82,6 +82,14 @@ _SETTINGS = (
         "claim and stage the next shard when the current one should end within this many seconds (0: off)",
     ),
 )
+# What an unset (None) default means, for the help of prepare and the launchers.
+_UNSET_MEANS = {
+    "--heartbeat-interval-secs": "min(30, lock timeout / 4)",
+    "--ray-num-cpus": "all",
+    "--ray-num-gpus": "all Ray detects",
+    "--ray-object-store-mb": "Ray's, 30%% of RAM",
+    "--ray-temp-dir": "Ray's /tmp/ray",
+}
 SETTING_KEYS = tuple(flag[2:].replace("-", "_") for flag, *_ in _SETTINGS)
 
 
@@ -91,11 +99,8 @@ def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool, launcher:
             parser.add_argument(flag, type=kind, help=f"override for this worker: {text} (default: the manifest's value)")
         else:
             value = launcher_default if launcher else default
-            if flag == "--heartbeat-interval-secs":
-                text += " (default min(30, lock timeout / 4))"
-            elif value is not None:
-                text += " (default %(default)s)"
-            parser.add_argument(flag, type=kind, default=value, help=text)
+            shown = "%(default)s" if value is not None else _UNSET_MEANS[flag]
+            parser.add_argument(flag, type=kind, default=value, help=f"{text} (default {shown})")
 
 
 def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, launcher: bool) -> None:
