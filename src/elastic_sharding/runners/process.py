@@ -19,10 +19,14 @@ from pathlib import Path
 
 from ..errors import AttemptFailed
 from .base import AttemptContext, NodeRuntime
+from .lifeline import Lifeline
 
 log = logging.getLogger(__name__)
 
-DJ_ENTRY = "import sys; from data_juicer.tools.process_data import main; sys.exit(main())"
+DJ_ENTRY = (
+    "import sys; from elastic_sharding.runners.lifeline import hold_group; hold_group(); "
+    "from data_juicer.tools.process_data import main; sys.exit(main())"
+)
 STOP_GRACE_SECS = 10.0
 _PR_SET_PDEATHSIG = 1
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -114,20 +118,27 @@ class ProcessRunner:
 
     def run(self, ctx: AttemptContext) -> None:
         command = self._command(ctx.recipe_path)
-        env = child_env(ctx.env)
-        with open(ctx.log_path, "ab") as log_file:
-            log_file.write(f"# {' '.join(command)}\n".encode())
-            log_file.flush()
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=str(ctx.attempt_dir),
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        lifeline = Lifeline()
+        env = child_env({**ctx.env, **lifeline.env()})
+        try:
+            with open(ctx.log_path, "ab") as log_file:
+                log_file.write(f"# {' '.join(command)}\n".encode())
+                log_file.flush()
+                proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(ctx.attempt_dir),
+                    env=env,
+                    pass_fds=(lifeline.fd,),
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+        except BaseException:
+            lifeline.close()
+            raise
+        lifeline.child_started()
         ctx.set_phase("processing")
         try:
             while True:
@@ -146,6 +157,7 @@ class ProcessRunner:
             else:
                 # Ray helpers may outlive the driver briefly; the group must not leak.
                 _signal_group(proc.pid, signal.SIGKILL)
+            lifeline.close()
         if ctx.stop_reason() is not None:
             raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
         if code != 0:

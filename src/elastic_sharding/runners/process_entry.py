@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import ray_runtime
+from . import lifeline, ray_runtime
 
 
 def main() -> int:
+    lifeline.hold_group()
     parser = argparse.ArgumentParser(prog="process_entry")
     ray_runtime.add_arguments(parser)
     parser.add_argument("dj_args", nargs=argparse.REMAINDER)

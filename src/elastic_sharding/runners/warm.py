@@ -23,6 +23,7 @@ import orjson
 
 from ..errors import AttemptFailed
 from .base import AttemptContext, NodeRuntime
+from .lifeline import Lifeline
 from .process import child_env, last_error_line, set_parent_death_signal, stop_process_group
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class _Server:
         self.number = number
         self.shards = 0
         read_fd, write_fd = os.pipe()
-        env = child_env(runtime.env)
+        self._lifeline = Lifeline()
+        env = child_env({**runtime.env, **self._lifeline.env()})
         command = [
             sys.executable,
             "-m",
@@ -81,12 +83,16 @@ class _Server:
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=str(log_path.parent),
-                    pass_fds=(write_fd,),
+                    pass_fds=(write_fd, self._lifeline.fd),
                     start_new_session=True,
                     preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
                 )
+        except BaseException:
+            self._lifeline.close()
+            raise
         finally:
             os.close(write_fd)
+            self._lifeline.child_started()
         self._events = read_fd
         self._buffer = b""
 
@@ -128,6 +134,7 @@ class _Server:
                 pass
         # Ray's helpers live in the server's session; none may outlive it.
         stop_process_group(self.proc, grace=2.0)
+        self._lifeline.close()
         os.close(self._events)
 
 

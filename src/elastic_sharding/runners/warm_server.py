@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from . import ray_runtime
+from . import lifeline, ray_runtime
 
 PULSE_SECS = 0.5
 # Below this many rows a second pass to split the read costs more than the parallelism gains.
@@ -171,6 +171,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    lifeline.hold_group()
     parser = argparse.ArgumentParser(prog="warm_server")
     parser.add_argument("--events-fd", type=int, required=True)
     ray_runtime.add_arguments(parser)
