@@ -352,13 +352,16 @@ def test_sigterm_drains_an_instance_without_failing_the_submission(tmp_path, dlc
     layout = JobLayout(job)
     wait_for(lambda: job.exists() and read_claim(layout, "part-00000-of-00003") is not None, timeout=60)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 2
-    assert read_claim(layout, "part-00000-of-00003") is None, "the shard is handed back at once"
+    code = proc.wait(timeout=60)
+    log = (tmp_path / "instance-0.log").read_text()
+    assert code == 2, log[-3000:]
+    assert read_claim(layout, "part-00000-of-00003") is None, "the shard is handed back at once\n" + log[-3000:]
     gen = Generation(job, "run-1")
     assert gen.abort_record() is None and gen.outcome() is None, "a drained instance does not fail the others"
-    assert "received SIGTERM" in (tmp_path / "instance-0.log").read_text()
+    assert "received SIGTERM" in log, log[-3000:]
     # Another instance of the same submission finishes the job.
-    assert run_instances(tmp_path, 1, *args("run-1"), tag="rest-") == [0]
+    rest = run_instances(tmp_path, 1, *args("run-1"), tag="rest-")
+    assert rest == [0], logs(tmp_path, "rest-")[-3000:]
     assert merged_rows(job / "merged.jsonl") == sample_rows(30)
 
 
