@@ -51,6 +51,42 @@ def _die_with_parent() -> None:
     set_parent_death_signal(signal.SIGKILL)
 
 
+def start_child(
+    command: list[str],
+    extra_env: dict[str, str],
+    *,
+    log_path: Path,
+    cwd: Path,
+    stdin: int = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
+) -> tuple[subprocess.Popen[bytes], Lifeline]:
+    """Start a runner child that leads its own session (so its whole tree can be stopped at once)
+    and dies with the worker: PR_SET_PDEATHSIG for the child itself, the lifeline for the rest of
+    its group. Its output is appended to `log_path` after the command line. Close the returned
+    lifeline once the group has been stopped."""
+    lifeline = Lifeline()
+    try:
+        with open(log_path, "ab") as log_file:
+            log_file.write(f"# {' '.join(command)}\n".encode())
+            log_file.flush()
+            proc = subprocess.Popen(
+                command,
+                stdin=stdin,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=str(cwd),
+                env=child_env({**extra_env, **lifeline.env()}),
+                pass_fds=(*pass_fds, lifeline.fd),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+    except BaseException:
+        lifeline.close()
+        raise
+    lifeline.child_started()
+    return proc, lifeline
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
@@ -118,27 +154,7 @@ class ProcessRunner:
 
     def run(self, ctx: AttemptContext) -> None:
         command = self._command(ctx.recipe_path)
-        lifeline = Lifeline()
-        env = child_env({**ctx.env, **lifeline.env()})
-        try:
-            with open(ctx.log_path, "ab") as log_file:
-                log_file.write(f"# {' '.join(command)}\n".encode())
-                log_file.flush()
-                proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    cwd=str(ctx.attempt_dir),
-                    env=env,
-                    pass_fds=(lifeline.fd,),
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-        except BaseException:
-            lifeline.close()
-            raise
-        lifeline.child_started()
+        proc, lifeline = start_child(command, ctx.env, log_path=ctx.log_path, cwd=ctx.attempt_dir)
         ctx.set_phase("processing")
         try:
             while True:

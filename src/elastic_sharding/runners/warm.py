@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -23,8 +22,7 @@ import orjson
 
 from ..errors import AttemptFailed
 from .base import AttemptContext, NodeRuntime
-from .lifeline import Lifeline
-from .process import child_env, last_error_line, set_parent_death_signal, stop_process_group
+from .process import last_error_line, start_child, stop_process_group
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +59,6 @@ class _Server:
         self.number = number
         self.shards = 0
         read_fd, write_fd = os.pipe()
-        self._lifeline = Lifeline()
-        env = child_env({**runtime.env, **self._lifeline.env()})
         command = [
             sys.executable,
             "-m",
@@ -73,26 +69,11 @@ class _Server:
         ]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with open(log_path, "ab") as log_file:
-                log_file.write(f"# {' '.join(command)}\n".encode())
-                log_file.flush()
-                self.proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.PIPE,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=str(log_path.parent),
-                    pass_fds=(write_fd, self._lifeline.fd),
-                    start_new_session=True,
-                    preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),
-                )
-        except BaseException:
-            self._lifeline.close()
-            raise
+            self.proc, self._lifeline = start_child(
+                command, runtime.env, log_path=log_path, cwd=log_path.parent, stdin=subprocess.PIPE, pass_fds=(write_fd,)
+            )
         finally:
             os.close(write_fd)
-            self._lifeline.child_started()
         self._events = read_fd
         self._buffer = b""
 
