@@ -42,8 +42,12 @@ def shard_job(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return run_script(SHARD_JOB, *args, check=check)
 
 
+def prepare_job(recipe: Path, job: Path, *options: str) -> None:
+    shard_job("prepare", "--config", str(recipe), "--job-dir", str(job), *options)
+
+
 def prepare_demo(job: Path, *options: str) -> None:
-    shard_job("prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), *options)
+    prepare_job(DEMO_RECIPE, job, *options)
 
 
 def start_node(hostname: str, *args: str, log: Path, script: Path = SHARD_JOB) -> subprocess.Popen:

@@ -14,7 +14,7 @@ import sys
 import orjson
 import pytest
 from conftest import REPO, TESTS, write_jsonl
-from e2e_support import DEMO_DATA, SHARD_JOB, needs_unshare, prepare_demo, processes_with, shard_job, start_node
+from e2e_support import DEMO_DATA, SHARD_JOB, needs_unshare, prepare_demo, prepare_job, processes_with, shard_job, start_node
 
 from elastic_sharding.runners import DEFAULT_RUNNER
 
@@ -110,19 +110,7 @@ def test_operator_error_fails_the_attempt_then_retry_completes_the_job(tmp_path)
         f"  - explode_on_marker_mapper:\n      fixed_flag: {fixed}\n"
     )
     job = tmp_path / "job"
-    shard_job(
-        "prepare",
-        "--config",
-        str(recipe),
-        "--job-dir",
-        str(job),
-        "--num-shards",
-        "2",
-        "--max-retries",
-        "0",
-        "--poll-interval-secs",
-        "1",
-    )
+    prepare_job(recipe, job, "--num-shards", "2", "--max-retries", "0", "--poll-interval-secs", "1")
     worker = shard_job("worker", "--job-dir", str(job), check=False)
     assert worker.returncode == 2, worker.stderr[-3000:]
     status = shard_job("status", "--job-dir", str(job), "--json", check=False)
@@ -175,7 +163,7 @@ def test_contract_example_recipe_runs_as_written(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(CONTRACT_EXAMPLE_RECIPE.format(dataset=dataset))
     job = tmp_path / "job"
-    shard_job("prepare", "--config", str(recipe), "--job-dir", str(job), "--num-shards", "1")
+    prepare_job(recipe, job, "--num-shards", "1")
     shard_job("worker", "--job-dir", str(job))
     out = tmp_path / "out.jsonl"
     shard_job("merge", "--job-dir", str(job), "--output", str(out))

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import TESTS, write_jsonl
-from e2e_support import SHARD_JOB, prepare_demo, processes_with, shard_job
+from e2e_support import SHARD_JOB, prepare_demo, prepare_job, processes_with, shard_job
 
 pytestmark = pytest.mark.e2e
 
@@ -150,24 +150,11 @@ def test_warm_runtime_crash_ray_death_and_hang_each_fail_one_attempt_then_the_jo
         f"process:\n  - stall_while_flag_mapper:\n      flag: {flag}\n      seen: {seen}\n"
     )
     job = tmp_path / "job"
-    shard_job(
-        "prepare",
-        "--config",
-        str(recipe),
-        "--job-dir",
-        str(job),
-        "--num-shards",
-        "2",
-        "--max-retries",
-        "3",
-        "--lock-timeout-secs",
-        "10",
-        "--heartbeat-interval-secs",
-        "1",
-        "--poll-interval-secs",
-        "0.5",
-        "--ray-temp-dir",
-        str(ray_tmp),
+    prepare_job(
+        recipe,
+        job,
+        *("--num-shards", "2", "--max-retries", "3", "--lock-timeout-secs", "10"),
+        *("--heartbeat-interval-secs", "1", "--poll-interval-secs", "0.5", "--ray-temp-dir", str(ray_tmp)),
     )
     log = tmp_path / "worker.log"
     worker = subprocess.Popen(
