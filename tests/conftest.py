@@ -13,6 +13,7 @@ from elastic_sharding.records import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
+STATUS_SCHEMA = orjson.loads((REPO / "docs" / "status.schema.json").read_bytes())
 
 SIMPLE_RECIPE = """\
 project_name: test

@@ -12,7 +12,7 @@ from elastic_sharding.cli import build_parser
 
 # Flags of other programs that the READMEs mention (mpirun, srun, unshare, ray start, and
 # dj-process's --executor_type, which the pattern below reads up to the underscore).
-FOREIGN_FLAGS = {"--allow-run-as-root", "--ntasks-per-node", "--mca", "--uts", "--head", "--executor"}
+FOREIGN_FLAGS = {"--allow-run-as-root", "--ntasks-per-node", "--mca", "--uts", "--head", "--executor", "--collector"}
 PLACEHOLDERS = {"--opt"}  # "`--opt value` and `--opt=value`"
 
 

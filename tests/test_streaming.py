@@ -188,13 +188,16 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch, small_job):
     assert "merge" in terminal.getvalue()[len(shown) :]
 
 
-def test_progress_logs_periodically_without_a_terminal_unless_quiet(monkeypatch, caplog):
-    monkeypatch.setattr(progress, "LOG_EVERY_SECS", 0.0)
-    monkeypatch.setattr("sys.stderr", io.StringIO())
-    logger = logging.getLogger("test_streaming_progress")
-    with caplog.at_level(logging.INFO, logger=logger.name):
-        with progress.Progress("step", 100, logger) as loud:
-            loud.update(50, rows=5)
-        with progress.Progress("step", 100, logger, quiet=True) as quiet:
-            quiet.update(50, rows=5)
-    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["step: 5 rows, 50.0% of 0.0 MiB"]
+def test_progress_is_silent_without_a_terminal_and_when_quiet(monkeypatch):
+    plain = io.StringIO()
+    monkeypatch.setattr("sys.stderr", plain)
+    with progress.Progress("step", 100) as bar:
+        bar.update(50, rows=5)
+    terminal = FakeTerminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    with progress.Progress("step", 100, quiet=True) as bar:
+        bar.update(50, rows=5)
+    with progress.Progress("shards", 4, unit="shard") as bar:
+        bar.update(3)
+    assert plain.getvalue() == ""
+    assert "step" not in terminal.getvalue() and "shards:" in terminal.getvalue()

@@ -25,6 +25,7 @@ DEFAULT_MAX_RETRIES = 3
 DEFAULT_POLL_INTERVAL = 20.0
 DEFAULT_RAY_ADDRESS = "local"
 DEFAULT_CLAIM_AHEAD = 10.0
+DEFAULT_WATCH_SECS = 2.0
 MAX_HEARTBEAT_INTERVAL = 30.0
 # The launchers (dlc, mpi, local) heartbeat every claim, so a short lease is safe and a crashed
 # node's shard is taken over in minutes; the original demo's 126000 s stays the default of `prepare`.
@@ -44,6 +45,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
     return value
 
 
@@ -143,6 +151,7 @@ def _add_launcher(parser: argparse.ArgumentParser) -> None:
     _add_job_request(parser, config_required=False, launcher=True)
     parser.add_argument("--output", type=Path, help="final merged JSONL (default <job-dir>/merged.jsonl)")
     _add_runner(parser)
+    _add_quiet(parser)
 
 
 def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argparse.ArgumentParser:
@@ -213,6 +222,26 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
     p.add_argument(
         "--all", action="store_true", default=dlc, help="list every shard and owner" + (" (always on here)" if dlc else "")
     )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=_positive_float,
+        const=DEFAULT_WATCH_SECS,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {DEFAULT_WATCH_SECS:g}) until the job completes or fails; "
+        "plain lines when stdout is not a terminal, one JSON object per line with --json",
+    )
+    p.add_argument(
+        "--prometheus",
+        type=Path,
+        metavar="FILE",
+        help="also write the metrics in node-exporter textfile format to FILE, atomically (every tick with --watch)",
+    )
+
+    p = sub.add_parser("report", help="write a self-contained HTML page: timeline of every attempt, throughput, shards")
+    _add_job_dir(p)
+    p.add_argument("--output", required=True, type=Path, help="the HTML file to write (e.g. report.html)")
+    p.add_argument("--lock-timeout-secs", type=float, help="only affects whether claims display as stale")
 
     if not dlc:
         p = sub.add_parser("retry", help="requeue terminally failed shards")
@@ -256,7 +285,7 @@ def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily
 def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
     from .launch.common import JobRequest
 
-    return JobRequest(args.job_dir, args.config, args.dataset_path, args.num_shards, _settings(args), args.output)
+    return JobRequest(args.job_dir, args.config, args.dataset_path, args.num_shards, _settings(args), args.output, args.quiet)
 
 
 def _cmd_dlc(args: argparse.Namespace) -> int:
@@ -320,14 +349,19 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .report import Status
+    from .watch import show_status, watch_status
 
-    status = Status(args.job_dir, args.lock_timeout_secs)
-    if args.json:
-        _emit_json(status.as_json())
-    else:
-        sys.stdout.write(status.text(args.all) + "\n")
-    return status.exit_code
+    if args.watch is not None:
+        return watch_status(args.job_dir, args.lock_timeout_secs, args.watch, args.json, args.all, args.prometheus)
+    return show_status(args.job_dir, args.lock_timeout_secs, args.json, args.all, args.prometheus)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .timeline import write_report
+
+    bars = write_report(args.job_dir, args.output, args.lock_timeout_secs)
+    logging.getLogger("elastic_sharding").info("wrote %s (%d attempts on the timeline)", args.output, bars)
+    return EXIT_OK
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
@@ -375,6 +409,7 @@ COMMANDS = {
     "prepare": _cmd_prepare,
     "worker": _cmd_worker,
     "status": _cmd_status,
+    "report": _cmd_report,
     "retry": _cmd_retry,
     "merge": _cmd_merge,
     "verify": _cmd_verify,

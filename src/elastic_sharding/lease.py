@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -284,12 +285,20 @@ class LeaseKeeper(threading.Thread):
         self.on_lost = on_lost
         self.seq = 0
         self.phase = "starting"
+        self.progress: dict[str, Any] = {"phase_since": time.time()}
         self.lost_reason: str | None = None
         self._stop_event = threading.Event()
 
+    def set_phase(self, phase: str, **progress: Any) -> None:
+        """Enter `phase`; `progress` (Heartbeat's optional fields) rides on the next beats."""
+        self.phase = phase
+        self.progress = {**self.progress, "phase_since": time.time(), **progress}
+
     def beat(self) -> None:
         self.seq += 1
-        beat = Heartbeat(token=self.token, seq=self.seq, wall_time=time.time(), phase=self.phase, pid=os.getpid())
+        beat = Heartbeat(
+            token=self.token, seq=self.seq, wall_time=time.time(), phase=self.phase, pid=os.getpid(), **self.progress
+        )
         fsops.replace_atomic(self.path, encode(beat))
 
     def check(self) -> str | None:

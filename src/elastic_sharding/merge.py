@@ -126,7 +126,7 @@ def merge(
     with (
         fsops.atomic_output(output, replace=overwrite) as out,
         Offload() as offload,
-        Progress("merge", total, log, quiet) as progress,
+        Progress("merge", total, quiet) as progress,
     ):
         for record, source in shards:
             size += _copy_validated(record, source, out.file, merged_sha, offload, progress)

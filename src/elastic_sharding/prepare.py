@@ -157,7 +157,7 @@ def _blocks(
     """(reader, first line number, lines) per block over all files, with progress per block;
     appends each file's reader to `readers`."""
     total = sum(path.stat().st_size for path in files)
-    with Progress(label, total, log, quiet) as progress:
+    with Progress(label, total, quiet) as progress:
         for path in files:
             reader = HashingLineReader(path, offload)
             readers.append(reader)

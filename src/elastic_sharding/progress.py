@@ -1,20 +1,18 @@
-"""Progress of long streaming steps (prepare's passes, merge) on stderr.
+"""Progress of long steps (prepare's passes, merge, a launcher waiting for shards) on stderr.
 
-A live bar (tqdm) is drawn only when stderr is a terminal, so logs captured by a scheduler stay
-clean; elsewhere a log line every `LOG_EVERY_SECS` keeps long runs visibly alive. `quiet`
-silences both (the CLI's `--quiet`/`--json`). Callers report per block, not per row, and the bar
+A live bar (tqdm) is drawn only when stderr is a terminal and the command is not `--quiet` or
+`--json`; logs captured by a scheduler stay free of it (the steps log their start and end, and
+`status` answers "how far" for anyone). Callers report per block, not per row, and the bar
 redraws a few times a second at most, so progress costs nothing measurable.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from types import TracebackType
 from typing import Any
 
-LOG_EVERY_SECS = 10.0
 REDRAW_SECS = 0.25
 
 
@@ -30,16 +28,14 @@ def progress_enabled(quiet: bool) -> bool:
 
 
 class Progress:
-    """Bytes done out of `total` (and rows, when the caller counts them) for one step."""
+    """Units done out of `total` (bytes by default; and rows, when the caller counts them)."""
 
-    def __init__(self, label: str, total: int, logger: logging.Logger, quiet: bool = False):
+    def __init__(self, label: str, total: int, quiet: bool = False, unit: str = "B"):
         self.label = label
         self.total = total
         self.done = 0
         self.rows = 0
-        self._log = None if quiet else logger
         self._started = time.monotonic()
-        self._next_log = self._started + LOG_EVERY_SECS
         self._bar: Any = None
         if progress_enabled(quiet):
             from tqdm import tqdm
@@ -47,8 +43,8 @@ class Progress:
             self._bar = tqdm(
                 total=total,
                 desc=label,
-                unit="B",
-                unit_scale=True,
+                unit=unit,
+                unit_scale=unit == "B",
                 unit_divisor=1024,
                 mininterval=REDRAW_SECS,
                 leave=False,
@@ -56,22 +52,13 @@ class Progress:
                 dynamic_ncols=True,
             )
 
-    def update(self, nbytes: int, rows: int = 0) -> None:
-        self.done += nbytes
+    def update(self, done: int, rows: int = 0) -> None:
+        self.done += done
         self.rows += rows
         if self._bar is not None:
             if rows:
                 self._bar.set_postfix_str(f"{self.rows} rows", refresh=False)
-            self._bar.update(nbytes)
-        elif self._log is not None and time.monotonic() >= self._next_log:
-            self._next_log = time.monotonic() + LOG_EVERY_SECS
-            self._log.info("%s", self.summary())
-
-    def summary(self) -> str:
-        elapsed = max(time.monotonic() - self._started, 1e-9)
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        rows = f"{self.rows} rows, " if self.rows else ""
-        return f"{self.label}: {rows}{pct:.1f}% of {self.total / 2**20:.1f} MiB ({self.done / elapsed / 2**20:.0f} MiB/s)"
+            self._bar.update(done)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -197,13 +197,25 @@ class ClaimRecord:
 
 @dataclass
 class Heartbeat:
-    """Rewritten by the claim owner every heartbeat; observers watch `seq` change."""
+    """Rewritten by the claim owner every heartbeat; observers watch `seq` change.
+
+    It also carries the attempt's progress, so `status` learns it without another file per
+    worker: the phase and since when (owner's clock), the owner's own estimate of the attempt's
+    processing time (from its previous shards' throughput; None before its first), and rows or
+    bytes done once they are known (Ray does not report rows mid-run, so they stay None while
+    processing).
+    """
 
     token: str
     seq: int
     wall_time: float
     phase: str
     pid: int
+    phase_since: float | None = None
+    attempt_started_at: float | None = None
+    expected_secs: float | None = None
+    rows_done: int | None = None
+    bytes_done: int | None = None
 
 
 @dataclass

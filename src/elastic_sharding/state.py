@@ -7,13 +7,14 @@ Workers never use it to take a claim over.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import fsops
-from .layout import JobLayout
-from .lease import DONE, FAILED, count_failures, read_claim, read_heartbeat
+from .layout import JobLayout, attempt_files
+from .lease import DONE, FAILED, count_failures, read_attempt, read_claim, read_heartbeat
 from .records import ClaimRecord, CompletionRecord, FailureRecord, Heartbeat, Manifest, ShardSpec, decode
 
 PENDING, RUNNING, STALE = "pending", "running", "stale"
@@ -94,3 +95,126 @@ def counts(views: list[ShardView]) -> dict[str, int]:
     for view in views:
         result[view.state] += 1
     return result
+
+
+# What became of an attempt, for status and the timeline report.
+SUCCEEDED, ATTEMPT_FAILED, SUPERSEDED, INTERRUPTED, ATTEMPT_RUNNING, ATTEMPT_STALE = (
+    "succeeded",
+    "failed",
+    "superseded",
+    "interrupted",
+    "running",
+    "stale",
+)
+OUTCOMES = (SUCCEEDED, ATTEMPT_FAILED, SUPERSEDED, INTERRUPTED, ATTEMPT_RUNNING, ATTEMPT_STALE)
+
+
+@dataclass
+class AttemptView:
+    """One attempt of one shard as the job directory records it (times are the owner's clock).
+
+    `ended_at` is None only for a running attempt; an attempt whose owner vanished ends at its
+    last heartbeat. `archive` names the `retry` that moved it to state/history (None if current).
+    """
+
+    shard_id: str
+    attempt_id: str
+    host: str
+    pid: int
+    runner: str
+    started_at: float
+    ended_at: float | None
+    outcome: str
+    error: str | None
+    input_rows: int
+    input_bytes: int
+    output_rows: int | None
+    phase: str | None
+    expected_secs: float | None
+    log: Path
+    archive: str | None = None
+    phase_secs: float | None = None  # in `phase` as of the last heartbeat, by the owner's own clock
+
+    @property
+    def secs(self) -> float | None:
+        return None if self.ended_at is None else max(0.0, self.ended_at - self.started_at)
+
+
+def _attempt_view(
+    attempt_dir: Path, spec: ShardSpec, current: ClaimRecord | None, lock_timeout: float, now: float, archive: str | None
+) -> AttemptView | None:
+    record = read_attempt(attempt_dir)
+    if record is None:
+        return None
+    files = attempt_files(attempt_dir)
+    heartbeat = read_heartbeat(attempt_dir)
+    last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == record.token else record.started_at
+    ended_at = record.finished_at
+    outcome = record.status
+    if record.status == "fenced" or files["superseded"].exists():
+        outcome = SUPERSEDED
+    elif record.status == "running":
+        live = archive is None and current is not None and current.token == record.token and current.status == "running"
+        if live and now - last_seen <= lock_timeout:
+            outcome = ATTEMPT_RUNNING
+        else:
+            outcome = ATTEMPT_STALE
+    if outcome != ATTEMPT_RUNNING and ended_at is None:
+        ended_at = last_seen
+    return AttemptView(
+        shard_id=spec.shard_id,
+        attempt_id=record.attempt_id,
+        host=record.host,
+        pid=record.pid,
+        runner=record.runner,
+        started_at=record.started_at,
+        ended_at=ended_at,
+        outcome=outcome if outcome in OUTCOMES else ATTEMPT_FAILED,
+        error=record.error,
+        input_rows=spec.rows,
+        input_bytes=spec.bytes,
+        output_rows=record.output_rows,
+        phase=heartbeat.phase if heartbeat is not None and outcome == ATTEMPT_RUNNING else None,
+        expected_secs=heartbeat.expected_secs if heartbeat is not None else None,
+        log=files["log"],
+        archive=archive,
+        phase_secs=_phase_secs(heartbeat) if outcome == ATTEMPT_RUNNING else None,
+    )
+
+
+def _phase_secs(heartbeat: Heartbeat | None) -> float | None:
+    if heartbeat is None or heartbeat.phase_since is None:
+        return None
+    return max(0.0, heartbeat.wall_time - heartbeat.phase_since)
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def attempt_history(layout: JobLayout, manifest: Manifest, lock_timeout: float, now: float | None = None) -> list[AttemptView]:
+    """Every attempt of every shard, archived ones (moved by `retry`) included, oldest first."""
+    now = time.time() if now is None else now
+    specs = {spec.shard_id: spec for spec in manifest.shards}
+    found: list[AttemptView] = []
+    for archive in _listdir(layout.history):
+        for shard_id in _listdir(layout.history / archive):
+            if shard_id in specs:
+                root = layout.history / archive / shard_id / "attempts"
+                for name in _listdir(root):
+                    view = _attempt_view(root / name, specs[shard_id], None, lock_timeout, now, archive)
+                    found += [view] if view else []
+    for spec in manifest.shards:
+        try:
+            claim = read_claim(layout, spec.shard_id)
+        except ValueError:
+            claim = None
+        root = layout.attempts_dir(spec.shard_id)
+        for name in _listdir(root):
+            view = _attempt_view(root / name, spec, claim, lock_timeout, now, None)
+            found += [view] if view else []
+    found.sort(key=lambda view: (view.started_at, view.shard_id, view.attempt_id))
+    return found

@@ -333,11 +333,8 @@ class Worker:
             self.settings.lock_timeout_secs,
             on_lost=lambda reason: ctx.stop(f"claim lost: {reason}"),
         )
-
-        def set_phase(phase: str) -> None:
-            heartbeat.phase = phase
-
-        ctx.set_phase = set_phase
+        heartbeat.progress["attempt_started_at"] = record.started_at
+        ctx.set_phase = heartbeat.set_phase
         try:
             heartbeat.beat()
             heartbeat.start()
@@ -362,10 +359,12 @@ class Worker:
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
             lookahead.start()
+            if self.last_rate:
+                heartbeat.progress["expected_secs"] = spec.bytes / self.last_rate
             self.runner.run(ctx)
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
-            ctx.set_phase("collecting output")
+            ctx.set_phase("collecting output", rows_done=spec.rows, bytes_done=spec.bytes)
             try:
                 stats = collect(ctx.ray_output, files["processed"], spec.first_row, spec.rows)
             except OSError as exc:

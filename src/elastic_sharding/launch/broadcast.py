@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
 from ..layout import JobLayout
 from ..lease import DONE, FAILED, read_claim
+from ..progress import Progress
 from ..records import Manifest, PhaseResult
 from ..signals import on_stop_signals
 from ..state import job_views
@@ -192,32 +193,34 @@ class _Instance:
         deadline = time.monotonic() + self.opts.wait_timeout_secs
         next_note = time.monotonic()
         finished: set[str] = set()
-        while True:
-            self.gen.raise_if_aborted()
-            pending = []
-            for spec in manifest.shards:
-                if spec.shard_id in finished:
-                    continue
-                state, holder = _shard_state(self.layout, spec.shard_id)
-                if state == FAILED:
-                    raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
-                if state == DONE:
-                    finished.add(spec.shard_id)
-                else:
-                    pending.append(f"{spec.shard_id} ({holder})")
-            if not pending:
-                return
-            now = time.monotonic()
-            if now >= deadline:
-                raise ElasticShardError(
-                    f"timed out after {self.opts.wait_timeout_secs:.0f}s (--wait-timeout-secs) waiting for "
-                    f"{len(pending)} shard(s): {', '.join(pending[:5])}"
-                    + (" (strict mode: is every Worker running?)" if self.cap else "")
-                )
-            if now >= next_note:
-                log.info("waiting for %d of %d shard(s): %s", len(pending), len(manifest.shards), ", ".join(pending[:5]))
-                next_note = now + PROGRESS_LOG_SECS
-            time.sleep(self.opts.poll_interval_secs)
+        with Progress("shards done", len(manifest.shards), self.opts.job.quiet, unit="shard") as progress:
+            while True:
+                self.gen.raise_if_aborted()
+                pending = []
+                for spec in manifest.shards:
+                    if spec.shard_id in finished:
+                        continue
+                    state, holder = _shard_state(self.layout, spec.shard_id)
+                    if state == FAILED:
+                        raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
+                    if state == DONE:
+                        finished.add(spec.shard_id)
+                        progress.update(1)
+                    else:
+                        pending.append(f"{spec.shard_id} ({holder})")
+                if not pending:
+                    return
+                now = time.monotonic()
+                if now >= deadline:
+                    raise ElasticShardError(
+                        f"timed out after {self.opts.wait_timeout_secs:.0f}s (--wait-timeout-secs) waiting for "
+                        f"{len(pending)} shard(s): {', '.join(pending[:5])}"
+                        + (" (strict mode: is every Worker running?)" if self.cap else "")
+                    )
+                if now >= next_note:
+                    log.info("waiting for %d of %d shard(s): %s", len(pending), len(manifest.shards), ", ".join(pending[:5]))
+                    next_note = now + PROGRESS_LOG_SECS
+                time.sleep(self.opts.poll_interval_secs)
 
     def _finalize(self, expect_nodes: int) -> tuple[str, dict[str, Any]]:
         done = finalize(self.opts.job, expect_nodes)

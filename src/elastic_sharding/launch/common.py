@@ -36,6 +36,7 @@ class JobRequest:
     num_shards: int
     settings: Settings
     output: Path | None = None
+    quiet: bool = False  # no progress bars on stderr (they are drawn only on a terminal anyway)
 
     @property
     def layout(self) -> JobLayout:
@@ -79,7 +80,7 @@ def preflight_job(req: JobRequest) -> None:
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
     """Prepare (a no-op when already prepared identically), then requeue shards that failed in an
     earlier run of the same job: relaunching after fixing the cause is how a user retries."""
-    result = prepare(prepare_request(req))
+    result = prepare(prepare_request(req), quiet=req.quiet)
     requeued = retry(req.job_dir, all_failed=True)
     if requeued:
         log.warning("requeued %d shard(s) that failed in an earlier run: %s", len(requeued), ", ".join(requeued))
@@ -93,7 +94,7 @@ def check_same_request(req: JobRequest) -> None:
     """An instance that did not prepare checks that the job is the one its own command asks for
     (same recipe, input, shard count and settings): a no-op `prepare` that refuses a mismatch."""
     try:
-        prepare(prepare_request(req))
+        prepare(prepare_request(req), quiet=True)
     except ElasticShardError as exc:
         raise UsageError(f"this instance's command differs from the one the job was prepared with: {exc}") from None
 
@@ -133,7 +134,7 @@ def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
         log.info("%s is already this job's verified merge", output)
     else:
         try:
-            merge(layout.root, output)
+            merge(layout.root, output, quiet=req.quiet)
         except UsageError:
             if not output.exists():
                 raise

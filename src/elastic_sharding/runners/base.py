@@ -22,7 +22,7 @@ class AttemptContext:
     log_path: Path
     ray_output: Path
     env: dict[str, str]
-    set_phase: Callable[[str], None] = lambda phase: None
+    set_phase: Callable[..., None] = lambda phase, **progress: None
     _reason: str | None = None
 
     def stop(self, reason: str) -> None:

@@ -1,0 +1,301 @@
+"""status: progress, per-node throughput, ETA and stragglers (synthetic histories with known
+answers), the documented JSON schema on real jobs mid-run and after, --watch, --prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import STATUS_SCHEMA, TESTS, cli
+from fakes import FakeRunner
+from jsonschema import Draft202012Validator
+
+from elastic_sharding.metrics import job_metrics
+from elastic_sharding.records import ShardSpec
+from elastic_sharding.state import DONE, PENDING, RUNNING, AttemptView, ShardView
+from elastic_sharding.worker import Worker, WorkerOptions
+
+SHARD_BYTES = 1000
+SHARD_ROWS = 100
+
+
+def _spec(i: int, n: int = 10) -> ShardSpec:
+    return ShardSpec(
+        f"part-{i:05d}-of-{n:05d}", i, f"shards/part-{i:05d}-of-{n:05d}.jsonl", i * 100, SHARD_ROWS, SHARD_BYTES, "0"
+    )
+
+
+def _attempt(i: int, host: str, pid: int, start: float, end: float | None, *, staged: float | None = None, **kw) -> AttemptView:
+    values = dict(
+        shard_id=_spec(i).shard_id,
+        attempt_id=f"a{i}-{host}",
+        host=host,
+        pid=pid,
+        runner="fake",
+        started_at=staged if staged is not None else start,
+        ended_at=end,
+        outcome="succeeded" if end is not None else "running",
+        error=None,
+        input_rows=SHARD_ROWS,
+        input_bytes=SHARD_BYTES,
+        output_rows=None,
+        phase=None if end is not None else "processing",
+        expected_secs=None,
+        log=Path("/dev/null"),
+    )
+    values.update(kw)
+    return AttemptView(**values)  # type: ignore[arg-type]
+
+
+def _views(states: dict[int, str], n: int = 10) -> list[ShardView]:
+    return [ShardView(_spec(i, n), states.get(i, PENDING), None, None, None, None, 0, None, None) for i in range(n)]
+
+
+def _history() -> list[AttemptView]:
+    """Worker a/1 does a shard in 10 s (100 B/s) and claimed shard 3 ahead at t=25; worker b/2 needs
+    20 s (50 B/s). At t=45 each runs one more shard, 5 s in."""
+    return [
+        _attempt(0, "a", 1, 0, 10),
+        _attempt(1, "a", 1, 10, 20),
+        _attempt(2, "a", 1, 20, 30),
+        _attempt(3, "a", 1, 30, 40, staged=25),
+        _attempt(4, "b", 2, 0, 20),
+        _attempt(5, "b", 2, 20, 40),
+        _attempt(6, "a", 1, 40, None, expected_secs=10.0),
+        _attempt(7, "b", 2, 40, None, expected_secs=20.0),
+    ]
+
+
+def test_eta_is_remaining_bytes_over_the_running_workers_recent_rates():
+    views = _views({i: DONE for i in range(6)} | {6: RUNNING, 7: RUNNING})
+    m = job_metrics(views, _history(), now=45.0)
+    # Remaining: shards 8, 9 whole, 6 half done (5 of 10 s), 7 a quarter (5 of 20 s).
+    remaining = 2 * SHARD_BYTES + 0.5 * SHARD_BYTES + 0.75 * SHARD_BYTES
+    assert m.bytes_per_sec == pytest.approx(150.0)  # the claimed-ahead wait of shard 3 is not counted
+    assert m.eta.secs == pytest.approx(remaining / 150.0)
+    assert m.eta.at == pytest.approx(45.0 + remaining / 150.0)
+    assert m.rows_per_sec == pytest.approx(15.0)
+    assert m.rows_done == 600 and m.percent == pytest.approx(60.0)
+    assert m.elapsed_secs == pytest.approx(45.0) and m.overall_rows_per_sec == pytest.approx(600 / 45)
+    nodes = {n.host: n for n in m.nodes}
+    assert (nodes["a"].shards_done, nodes["a"].rows_per_sec, nodes["a"].active_workers) == (4, pytest.approx(10.0), 1)
+    assert (nodes["b"].shards_done, nodes["b"].rows_per_sec) == (2, pytest.approx(5.0))
+    assert [r.est_fraction for r in nodes["a"].running + nodes["b"].running] == [pytest.approx(0.5), pytest.approx(0.25)]
+
+
+def test_eta_in_the_tail_waits_for_the_slowest_running_shard():
+    history = _history()[:6] + [
+        _attempt(8, "b", 2, 40, None, expected_secs=20.0),
+        _attempt(9, "a", 1, 40, None, expected_secs=10.0),
+    ]
+    views = _views({i: DONE for i in range(6)} | {6: DONE, 7: DONE, 8: RUNNING, 9: RUNNING})
+    history[:0] = [_attempt(6, "c", 3, 0, 10), _attempt(7, "c", 3, 10, 20)]
+    m = job_metrics(views, history, now=41.0)
+    assert m.eta.secs == pytest.approx(19.0)  # b's shard: 20 s expected, 1 s in
+    assert "tail" in m.eta.basis
+
+
+def test_eta_unknown_says_why():
+    assert job_metrics(_views({}), [], now=1.0).eta.basis == "no worker is running"
+    first = [_attempt(0, "a", 1, 0, None)]
+    m = job_metrics(_views({0: RUNNING}), first, now=5.0)
+    assert m.eta.secs is None and m.eta.basis == "no shard has finished yet"
+    m = job_metrics(_views({i: DONE for i in range(10)}), [_attempt(i, "a", 1, i, i + 1) for i in range(10)], now=50.0)
+    assert (m.eta.secs, m.eta.basis) == (0.0, "complete") and m.elapsed_secs == pytest.approx(10.0)
+
+
+def test_a_worker_without_a_finished_shard_counts_with_its_nodes_mean_rate():
+    history = _history() + [_attempt(8, "a", 9, 44, None)]
+    views = _views({i: DONE for i in range(6)} | {6: RUNNING, 7: RUNNING, 8: RUNNING})
+    m = job_metrics(views, history, now=45.0)
+    assert m.active_workers == 3 and m.bytes_per_sec == pytest.approx(250.0)
+
+
+@pytest.mark.parametrize(
+    ("age", "straggler"),
+    [(25.0, True), (19.0, False), (21.0, True)],
+)
+def test_straggler_rule(age, straggler):
+    """Median completed shard: 10 s per 1000 B. Straggler once over 2x that and 10 s beyond it."""
+    history = _history()[:6] + [_attempt(6, "a", 1, 40, None)]
+    views = _views({i: DONE for i in range(6)} | {6: RUNNING})
+    m = job_metrics(views, history, now=40.0 + age)
+    assert [r.shard_id for r in m.stragglers] == ([_spec(6).shard_id] if straggler else [])
+    if straggler:
+        assert m.stragglers[0].factor == pytest.approx(age / 10.0)
+
+
+def test_no_stragglers_before_three_shards_finish_or_while_queued():
+    history = [_attempt(0, "a", 1, 0, 10), _attempt(1, "a", 1, 10, 20), _attempt(2, "b", 2, 0, None)]
+    assert job_metrics(_views({0: DONE, 1: DONE, 2: RUNNING}), history, now=100.0).stragglers == []
+    history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase="queued")]
+    assert job_metrics(_views({i: DONE for i in range(6)} | {6: RUNNING}), history, now=100.0).stragglers == []
+
+
+def test_stragglers_are_judged_by_the_owners_own_processing_time_not_start_up_or_skew():
+    done = _history()[:6]
+    views = _views({i: DONE for i in range(6)} | {6: RUNNING})
+    starting = done + [_attempt(6, "a", 1, 40, None, phase="starting warm runtime")]
+    assert job_metrics(views, starting, now=140.0).stragglers == []
+    # 100 s by this machine's clock, but the owner's heartbeat says 15 s of processing: skew.
+    skewed = done + [_attempt(6, "a", 1, 40, None, phase_secs=15.0)]
+    assert job_metrics(views, skewed, now=140.0).stragglers == []
+    slow = done + [_attempt(6, "a", 1, 40, None, phase_secs=35.0)]
+    (straggler,) = job_metrics(views, slow, now=50.0).stragglers
+    assert straggler.factor == pytest.approx(3.5)
+
+
+# -- real jobs (fake processor) --------------------------------------------------------------
+
+
+def _validate(report: dict) -> None:
+    errors = sorted(Draft202012Validator(STATUS_SCHEMA).iter_errors(report), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+
+
+def _status(job: Path, *extra: str) -> dict:
+    proc = cli("status", "--job-dir", str(job), "--json", *extra)
+    assert proc.returncode in (0, 1, 2), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _start_workers(job: Path, delays: list[float]) -> list[subprocess.Popen]:
+    return [
+        subprocess.Popen(
+            [sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", str(delay)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for delay in delays
+    ]
+
+
+def test_status_mid_run_shows_throughput_eta_and_matches_the_schema(make_job):
+    job = make_job(rows=120, shards=12, claim_ahead_secs=0.0)
+    _validate(_status(job))
+    workers = _start_workers(job, [0.4, 0.4, 1.2])
+    try:
+        mid = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            report = _status(job)
+            _validate(report)
+            if report["counts"]["done"] >= 4 and report["counts"]["running"] and report["eta"]["secs"] is not None:
+                mid = report
+                break
+            time.sleep(0.1)
+        assert mid is not None, "never saw a job mid-run with an ETA"
+        assert mid["throughput"]["rows_per_sec"] > 0 and mid["throughput"]["active_workers"] >= 1
+        assert 0 < mid["progress"]["percent"] < 100
+        assert mid["eta"]["secs"] > 0 and mid["eta"]["at"] > mid["generated_at"]
+        assert sum(n["shards_done"] for n in mid["nodes"]) == mid["counts"]["done"]
+        assert any(n["running"] for n in mid["nodes"])
+        assert all(n["rows_per_sec"] is None or n["rows_per_sec"] > 0 for n in mid["nodes"])
+        text = cli("status", "--job-dir", str(job)).stdout
+        assert "progress: " in text and "rows/s" in text and "nodes:" in text
+        for worker in workers:
+            assert worker.wait(timeout=120) == 0
+    finally:
+        for worker in workers:
+            worker.kill()
+    done = _status(job)
+    _validate(done)
+    assert done["complete"] and done["eta"] == {"secs": 0.0, "at": done["eta"]["at"], "basis": "complete"}
+    assert done["progress"]["percent"] == 100.0 and done["elapsed_secs"] > 0
+
+
+def test_failed_shards_name_their_error_and_log_and_stale_claims_are_listed(make_job):
+    job = make_job(rows=20, shards=4, max_retries=0)
+    broken = "part-00001-of-00004"
+    assert Worker(job, WorkerOptions(), runner=FakeRunner(fail=lambda s: s == broken)).run() == 2
+    report = _status(job)
+    _validate(report)
+    (failure,) = report["failures"]
+    assert failure["shard_id"] == broken and failure["state"] == "failed"
+    assert "fake operator failure" in failure["error"] and Path(failure["log"]).is_file()
+    assert report["nodes"][0]["failures"] == 1
+    text = cli("status", "--job-dir", str(job)).stdout
+    assert f"{broken} last error: fake operator failure (log: {failure['log']})" in text
+
+
+def test_watch_follows_a_job_to_its_end_in_plain_lines_and_json_lines(make_job):
+    job = make_job(rows=40, shards=6)
+    workers = _start_workers(job, [0.3, 0.3])
+    try:
+        plain = cli("status", "--job-dir", str(job), "--watch", "0.2", timeout=120)
+        assert plain.returncode == 0, plain.stderr
+        lines = plain.stdout.splitlines()
+        assert "\x1b[" not in plain.stdout, "no redraw codes when stdout is not a terminal"
+        assert sum(line.startswith("  progress: ") for line in lines) >= 2
+        assert "6 done" in lines[-1] or any("6 done" in line for line in lines[-8:])
+    finally:
+        for worker in workers:
+            worker.wait(timeout=60)
+    follow = cli("status", "--job-dir", str(job), "--watch", "--json", timeout=60)
+    (line,) = follow.stdout.splitlines()  # already complete: one object, then exit 0
+    assert follow.returncode == 0 and json.loads(line)["complete"]
+
+
+def test_watch_redraws_on_a_terminal_until_the_job_fails(make_job):
+    job = make_job(rows=20, shards=2, max_retries=0)
+    assert Worker(job, WorkerOptions(), runner=FakeRunner(fail=lambda s: True)).run() == 2
+    leader, follower = pty.openpty()
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elastic_sharding", "status", "--job-dir", str(job), "--watch", "1"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    os.close(follower)
+    out = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 30)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=30) == 2
+    os.close(leader)
+    assert b"\x1b[H\x1b[2J" in out and b"1 failed" in out and b"Ctrl-C" in out
+
+
+_SAMPLE = re.compile(r'^(elastic_shard_[a-z_]+)\{((?:[a-z_]+="(?:[^"\\]|\\.)*",?)*)\} (-?[0-9.e+]+)$')
+
+
+def test_prometheus_textfile_is_complete_and_replaced_atomically(make_job, tmp_path):
+    job = make_job(rows=20, shards=4)
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    target = tmp_path / "metrics" / "job.prom"
+    refused = cli("status", "--job-dir", str(job), "--prometheus", str(target))
+    assert refused.returncode == 2 and "does not exist" in refused.stderr
+    target.parent.mkdir()
+    assert cli("status", "--job-dir", str(job), "--prometheus", str(target)).returncode == 0
+    assert os.listdir(target.parent) == ["job.prom"], "no temporary file is left behind"
+    samples = {}
+    for line in target.read_text().splitlines():
+        if line.startswith("#"):
+            assert re.match(r"^# (HELP|TYPE) elastic_shard_[a-z_]+ .+$", line), line
+            continue
+        match = _SAMPLE.match(line)
+        assert match, line
+        labels = dict(re.findall(r'([a-z_]+)="((?:[^"\\]|\\.)*)"', match.group(2)))
+        samples[(match.group(1), labels.get("state") or labels.get("host"))] = float(match.group(3))
+    assert samples[("elastic_shard_shards", "done")] == 4 and samples[("elastic_shard_shards", "pending")] == 0
+    assert samples[("elastic_shard_rows_done", None)] == samples[("elastic_shard_rows_total", None)] == 20
+    assert samples[("elastic_shard_complete", None)] == 1
+    (host,) = {h for (name, h) in samples if name == "elastic_shard_host_rows_per_second"}
+    assert samples[("elastic_shard_host_shards_done", host)] == 4
