@@ -244,6 +244,21 @@ def test_watch_follows_a_job_to_its_end_in_plain_lines_and_json_lines(make_job):
     assert follow.returncode == 0 and json.loads(line)["complete"]
 
 
+def test_watch_started_before_prepare_waits_for_the_job(make_job, tmp_path):
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "elastic_sharding", "status", "--job-dir", str(tmp_path / "job"), "--watch", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)
+    job = make_job(rows=20, shards=2)
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    out, err = watch.communicate(timeout=60)
+    assert watch.returncode == 0, err
+    assert "waiting for prepare to publish the job" in out and "2 done" in out
+
+
 def test_watch_redraws_on_a_terminal_until_the_job_fails(make_job):
     job = make_job(rows=20, shards=2, max_retries=0)
     assert Worker(job, WorkerOptions(), runner=FakeRunner(fail=lambda s: True)).run() == 2

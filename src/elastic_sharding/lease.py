@@ -90,6 +90,19 @@ def read_attempt(attempt_dir: Path) -> AttemptRecord | None:
         return None
 
 
+SUPERSEDED_ERROR = "worker stopped heartbeating (crashed, hung or cut off); claim taken over"
+
+
+def attempt_failure(record: AttemptRecord | None, superseded: bool) -> tuple[bool, str | None]:
+    """Whether an attempt counts against the shard's retry limit, and the error to report for it."""
+    status = record.status if record else None
+    if status == "succeeded" or not (status == "failed" or superseded):
+        return False, None
+    if record is not None and record.error:
+        return True, record.error
+    return True, SUPERSEDED_ERROR if superseded else None
+
+
 def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, str | None]:
     """Failed or superseded attempts of a shard since its last `retry`, with the latest error."""
     root = layout.attempts_dir(shard_id)
@@ -100,18 +113,14 @@ def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, s
         return 0, None, None
     for name in names:
         attempt_dir = root / name
-        files = attempt_files(attempt_dir)
         record = read_attempt(attempt_dir)
-        status = record.status if record else None
-        if status == "succeeded":
+        if record is not None and record.status == "succeeded":
             continue
-        if status == "failed" or files["superseded"].exists():
+        counts, error = attempt_failure(record, attempt_files(attempt_dir)["superseded"].exists())
+        if counts:
             failures += 1
             last_id = name
-            if record is not None and record.error:
-                last_error = record.error
-            elif files["superseded"].exists():
-                last_error = "worker stopped heartbeating (crashed, hung or cut off); claim taken over"
+            last_error = error or last_error
     return failures, last_id, last_error
 
 
@@ -292,7 +301,12 @@ class LeaseKeeper(threading.Thread):
     def set_phase(self, phase: str, **progress: Any) -> None:
         """Enter `phase`; `progress` (Heartbeat's optional fields) rides on the next beats."""
         self.phase = phase
-        self.progress = {**self.progress, "phase_since": time.time(), **progress}
+        self.note(phase_since=time.time(), **progress)
+
+    def note(self, **progress: Any) -> None:
+        """Add to the progress the next beats carry. The dict is replaced, never changed in place:
+        the heartbeat thread may be reading it."""
+        self.progress = {**self.progress, **progress}
 
     def beat(self) -> None:
         self.seq += 1
@@ -312,7 +326,9 @@ class LeaseKeeper(threading.Thread):
                 if reason is None:
                     self.beat()
                     last_ok = time.monotonic()
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - a heartbeat thread that died would let the claim go stale unnoticed
+                if not isinstance(exc, OSError):
+                    log.exception("%s: heartbeat failed", self.name)
                 reason = None
                 if time.monotonic() - last_ok > self.lease / 2:
                     reason = f"heartbeat failed for over half a lease: {exc}"

@@ -33,7 +33,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .state import ATTEMPT_FAILED, ATTEMPT_RUNNING, DONE, FAILED, STALE, SUCCEEDED, SUPERSEDED, AttemptView, ShardView
+from .state import ATTEMPT_RUNNING, DONE, FAILED, STALE, SUCCEEDED, AttemptView, ShardView
 
 RECENT_SHARDS = 5
 RUNNING_CAP = 0.95
@@ -188,7 +188,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         node.bytes_done += attempt.input_bytes
         node_totals[attempt.host].add(attempt, attempt.ended_at - starts[(attempt.shard_id, attempt.attempt_id)])  # type: ignore[operator]
     for attempt in current:
-        if attempt.outcome in (ATTEMPT_FAILED, SUPERSEDED):
+        if attempt.counts_as_failure:
             nodes.setdefault(attempt.host, Node(attempt.host)).failures += 1
 
     per_sec_per_byte = _seconds_per_byte(completed, starts)

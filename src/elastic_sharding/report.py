@@ -12,7 +12,7 @@ from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from .launch.coordination import generations
 from .layout import JobLayout
 from .metrics import STRAGGLER_FACTOR, Node, Running, job_metrics
-from .state import DONE, FAILED, PENDING, RUNNING, STALE, STATES, ShardView, attempt_history, counts, job_views
+from .state import DONE, FAILED, PENDING, RUNNING, STALE, STATES, ShardView, counts, job_snapshot
 
 JSON_SCHEMA_VERSION = 2
 
@@ -88,8 +88,7 @@ class Status:
         self.manifest = self.layout.load_manifest()
         self.lock_timeout = lock_timeout if lock_timeout is not None else self.manifest.request.settings.lock_timeout_secs
         self.at = time.time()
-        self.views = job_views(self.layout, self.manifest, self.lock_timeout)
-        self.attempts = attempt_history(self.layout, self.manifest, self.lock_timeout, self.at)
+        self.views, self.attempts = job_snapshot(self.layout, self.manifest, self.lock_timeout, self.at)
         self.metrics = job_metrics(self.views, self.attempts, self.at)
         self.counts = counts(self.views)
         self.runs = generations(self.layout.root)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import fsops
 from .layout import JobLayout, attempt_files
-from .lease import DONE, FAILED, count_failures, read_attempt, read_claim, read_heartbeat
+from .lease import DONE, FAILED, attempt_failure, count_failures, read_attempt, read_claim, read_heartbeat
 from .records import ClaimRecord, CompletionRecord, FailureRecord, Heartbeat, Manifest, ShardSpec, decode
 
 PENDING, RUNNING, STALE = "pending", "running", "stale"
@@ -57,18 +57,33 @@ def _read(path: Path, cls: type) -> object | None:
         return None
 
 
+def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
+    try:
+        return read_claim(layout, shard_id)
+    except ValueError:
+        return None
+
+
 def shard_view(layout: JobLayout, spec: ShardSpec, lock_timeout: float, now: float | None = None) -> ShardView:
     now = time.time() if now is None else now
+    failures = count_failures(layout, spec.shard_id)
+    return _build_view(layout, spec, _claim(layout, spec.shard_id), failures[0], failures[2], lock_timeout, now)
+
+
+def _build_view(
+    layout: JobLayout,
+    spec: ShardSpec,
+    claim: ClaimRecord | None,
+    failures: int,
+    last_error: str | None,
+    lock_timeout: float,
+    now: float,
+) -> ShardView:
     shard_id = spec.shard_id
-    try:
-        claim = read_claim(layout, shard_id)
-    except ValueError:
-        claim = None
     completion = _read(layout.done(shard_id), CompletionRecord)
     failure = _read(layout.failed(shard_id), FailureRecord)
     heartbeat = None
     age = None
-    failures, _, last_error = count_failures(layout, shard_id)
     if failure is not None or (claim is not None and claim.status == FAILED):
         state = FAILED
         if failure is not None:
@@ -134,6 +149,7 @@ class AttemptView:
     log: Path
     archive: str | None = None
     phase_secs: float | None = None  # in `phase` as of the last heartbeat, by the owner's own clock
+    counts_as_failure: bool = False  # against the shard's retry limit (lease.attempt_failure)
 
     @property
     def secs(self) -> float | None:
@@ -143,24 +159,24 @@ class AttemptView:
 def _attempt_view(
     attempt_dir: Path, spec: ShardSpec, current: ClaimRecord | None, lock_timeout: float, now: float, archive: str | None
 ) -> AttemptView | None:
+    """Reads the heartbeat only of an attempt still marked running, and looks for a superseded
+    marker only on one that did not succeed: `status --watch` repeats this for every attempt."""
     record = read_attempt(attempt_dir)
     if record is None:
         return None
     files = attempt_files(attempt_dir)
-    heartbeat = read_heartbeat(attempt_dir)
+    superseded = record.status != "succeeded" and files["superseded"].exists()
+    heartbeat = read_heartbeat(attempt_dir) if record.status == "running" or record.finished_at is None else None
     last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == record.token else record.started_at
-    ended_at = record.finished_at
     outcome = record.status
-    if record.status == "fenced" or files["superseded"].exists():
+    if record.status == "fenced" or superseded:
         outcome = SUPERSEDED
     elif record.status == "running":
         live = archive is None and current is not None and current.token == record.token and current.status == "running"
-        if live and now - last_seen <= lock_timeout:
-            outcome = ATTEMPT_RUNNING
-        else:
-            outcome = ATTEMPT_STALE
-    if outcome != ATTEMPT_RUNNING and ended_at is None:
-        ended_at = last_seen
+        outcome = ATTEMPT_RUNNING if live and now - last_seen <= lock_timeout else ATTEMPT_STALE
+    running = outcome == ATTEMPT_RUNNING
+    ended_at = None if running else record.finished_at if record.finished_at is not None else last_seen
+    counts, error = attempt_failure(record, superseded)
     return AttemptView(
         shard_id=spec.shard_id,
         attempt_id=record.attempt_id,
@@ -170,15 +186,16 @@ def _attempt_view(
         started_at=record.started_at,
         ended_at=ended_at,
         outcome=outcome if outcome in OUTCOMES else ATTEMPT_FAILED,
-        error=record.error,
+        error=error or record.error,
         input_rows=spec.rows,
         input_bytes=spec.bytes,
         output_rows=record.output_rows,
-        phase=heartbeat.phase if heartbeat is not None and outcome == ATTEMPT_RUNNING else None,
+        phase=heartbeat.phase if heartbeat is not None and running else None,
         expected_secs=heartbeat.expected_secs if heartbeat is not None else None,
         log=files["log"],
         archive=archive,
-        phase_secs=_phase_secs(heartbeat) if outcome == ATTEMPT_RUNNING else None,
+        phase_secs=_phase_secs(heartbeat) if running else None,
+        counts_as_failure=counts,
     )
 
 
@@ -195,26 +212,37 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
-def attempt_history(layout: JobLayout, manifest: Manifest, lock_timeout: float, now: float | None = None) -> list[AttemptView]:
-    """Every attempt of every shard, archived ones (moved by `retry`) included, oldest first."""
+def _attempts_in(
+    root: Path, spec: ShardSpec, claim: ClaimRecord | None, lock_timeout: float, now: float, archive: str | None
+) -> list[AttemptView]:
+    views = (_attempt_view(root / name, spec, claim, lock_timeout, now, archive) for name in _listdir(root))
+    return [view for view in views if view is not None]
+
+
+def job_snapshot(
+    layout: JobLayout, manifest: Manifest, lock_timeout: float, now: float | None = None
+) -> tuple[list[ShardView], list[AttemptView]]:
+    """Every shard's view and every attempt (archived ones, moved by `retry`, included; oldest
+    first), reading each record once: what `status` and `report` show."""
     now = time.time() if now is None else now
     specs = {spec.shard_id: spec for spec in manifest.shards}
-    found: list[AttemptView] = []
+    attempts: list[AttemptView] = []
     for archive in _listdir(layout.history):
         for shard_id in _listdir(layout.history / archive):
             if shard_id in specs:
                 root = layout.history / archive / shard_id / "attempts"
-                for name in _listdir(root):
-                    view = _attempt_view(root / name, specs[shard_id], None, lock_timeout, now, archive)
-                    found += [view] if view else []
+                attempts += _attempts_in(root, specs[shard_id], None, lock_timeout, now, archive)
+    views = []
     for spec in manifest.shards:
-        try:
-            claim = read_claim(layout, spec.shard_id)
-        except ValueError:
-            claim = None
-        root = layout.attempts_dir(spec.shard_id)
-        for name in _listdir(root):
-            view = _attempt_view(root / name, spec, claim, lock_timeout, now, None)
-            found += [view] if view else []
-    found.sort(key=lambda view: (view.started_at, view.shard_id, view.attempt_id))
-    return found
+        claim = _claim(layout, spec.shard_id)
+        current = _attempts_in(layout.attempts_dir(spec.shard_id), spec, claim, lock_timeout, now, None)
+        failed = [view for view in current if view.counts_as_failure]
+        errors = [view.error for view in failed if view.error]
+        views.append(_build_view(layout, spec, claim, len(failed), errors[-1] if errors else None, lock_timeout, now))
+        attempts += current
+    attempts.sort(key=lambda view: (view.started_at, view.shard_id, view.attempt_id))
+    return views, attempts
+
+
+def attempt_history(layout: JobLayout, manifest: Manifest, lock_timeout: float, now: float | None = None) -> list[AttemptView]:
+    return job_snapshot(layout, manifest, lock_timeout, now)[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import orjson
 
 from . import prometheus
 from .errors import EXIT_INCOMPLETE
+from .layout import JobLayout
 from .report import Status
 
 _HOME_AND_CLEAR = "\x1b[H\x1b[2J"
@@ -47,7 +49,13 @@ def watch_status(
     export = prometheus.check_target(export) if export is not None else None
     redraw = _is_terminal() and not as_json
     code = EXIT_INCOMPLETE
+    manifest = JobLayout(Path(os.path.abspath(job_dir))).manifest
     try:
+        while not manifest.exists():
+            # Started before `prepare` finished (a launcher's first minutes): wait for the job.
+            sys.stdout.write(f"{time.strftime('%H:%M:%S')} {job_dir}: waiting for prepare to publish the job\n")
+            sys.stdout.flush()
+            time.sleep(every)
         while True:
             status = Status(job_dir, lock_timeout)
             code = status.exit_code

@@ -333,7 +333,7 @@ class Worker:
             self.settings.lock_timeout_secs,
             on_lost=lambda reason: ctx.stop(f"claim lost: {reason}"),
         )
-        heartbeat.progress["attempt_started_at"] = record.started_at
+        heartbeat.note(attempt_started_at=record.started_at)
         ctx.set_phase = heartbeat.set_phase
         try:
             heartbeat.beat()
@@ -360,7 +360,7 @@ class Worker:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
             lookahead.start()
             if self.last_rate:
-                heartbeat.progress["expected_secs"] = spec.bytes / self.last_rate
+                heartbeat.note(expected_secs=spec.bytes / self.last_rate)
             self.runner.run(ctx)
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
