@@ -62,6 +62,11 @@ def test_three_nodes_status_mid_run_and_the_report_in_a_browser(tmp_path, demo_b
     attempts = len(list(job.glob("attempts/*/*/attempt.json")))
     dom = open_report(page, tmp_path / "profile", "three-nodes-report")
     assert dom.count('class="attempt ') == attempts >= 12
+    records = [json.loads(path.read_text()) for path in job.glob("attempts/*/*/attempt.json")]
+    started = [r for r in records if r.get("setup_secs")]
+    if all(r["runner"] == "warm" for r in records):  # the process runner starts Ray inside every attempt
+        assert {r["host"] for r in started} == set(NODES), "each node's first shard started its warm runtime"
+    assert dom.count('class="setup"') == len(started)
     assert write_report(job, tmp_path / "again.html") == attempts
 
     out = tmp_path / "merged.jsonl"

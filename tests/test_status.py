@@ -91,6 +91,26 @@ def test_eta_is_remaining_bytes_over_the_running_workers_recent_rates():
     assert [r.est_fraction for r in nodes["a"].running + nodes["b"].running] == [pytest.approx(0.5), pytest.approx(0.25)]
 
 
+def test_runtime_start_up_is_left_out_of_a_workers_rate():
+    """b's first shard took 40 s, 20 of them starting its warm runtime: b does 1000 B in 20 s."""
+    history = _history()
+    history[4] = _attempt(4, "b", 2, 0, 40, setup_secs=20.0)
+    history[5] = _attempt(5, "b", 2, 40, 60)
+    history[7] = _attempt(7, "b", 2, 60, None, expected_secs=20.0)
+    views = _views({i: DONE for i in range(6)} | {6: RUNNING, 7: RUNNING})
+    m = job_metrics(views, history, now=65.0)
+    assert {n.host: n.rows_per_sec for n in m.nodes}["b"] == pytest.approx(5.0)
+    # A cold first shard (Ray starting its workers) is slower still; with a warm one to go by it is left out.
+    history[4] = _attempt(4, "b", 2, 0, 50, setup_secs=20.0)
+    history[5] = _attempt(5, "b", 2, 50, 60)
+    history[7] = _attempt(7, "b", 2, 60, None)
+    m = job_metrics(views, history, now=65.0)
+    assert {n.host: n.rows_per_sec for n in m.nodes}["b"] == pytest.approx(10.0)
+    assert job_metrics(views, history[:5] + [_attempt(5, "b", 2, 50, None)], now=55.0).nodes[1].rows_per_sec == pytest.approx(
+        100 / 30
+    )
+
+
 def test_eta_in_the_tail_waits_for_the_slowest_running_shard():
     history = _history()[:6] + [
         _attempt(8, "b", 2, 40, None, expected_secs=20.0),

@@ -177,6 +177,19 @@ def test_overlapping_attempts_on_one_host_stack_in_sub_rows():
     assert y["d"] < min(y["a"], y["b"], y["c"]), "lanes are sorted by host"
 
 
+def test_runtime_start_up_is_hatched_over_the_start_of_its_attempt():
+    attempts = [
+        _view("part-00000-of-00002", "a", "n1", "succeeded", 100.0, 140.0, setup_secs=30.0),
+        _view("part-00001-of-00002", "b", "n1", "succeeded", 140.0, 150.0),
+    ]
+    page = render_report({}, attempts, 200.0)
+    (setup,) = re.findall(r'<rect class="setup" [^>]*>', page)
+    (first, _) = _bars(page)
+    width = float(re.search(r'width="([\d.]+)"', first).group(1))
+    assert float(re.search(r'width="([\d.]+)"', setup).group(1)) == pytest.approx(width * 0.75, abs=0.2)
+    assert "runtime start-up: 30" in page and "starting the node runtime" in page
+
+
 def test_running_stale_and_takeover_after_stale():
     now = 1000.0
     attempts = [

@@ -8,12 +8,16 @@ The rules, also documented in the README ("Reading status"):
 
 - A worker is a (host, pid). Its *effective* time on an attempt starts when the attempt was
   staged or when the worker's previous attempt ended, whichever is later, so a shard claimed
-  ahead does not count its wait in the queue.
-- A worker's throughput is the rows (bytes) of its last RECENT_SHARDS completed shards over the
-  effective time they took. A node's rows/s is the sum over its workers running now; a node with
+  ahead does not count its wait in the queue; time spent starting the node's runtime (recorded
+  by the warm runner, `setup_secs`) is left out too, since the worker's next shards do not pay it.
+  The shard that started a runtime is also slow to process (Ray starts its worker processes on
+  first use), so it counts only while the worker has no other completed shard.
+- A worker's throughput is the rows (bytes) of its last RECENT_SHARDS completed shards (those that
+  did not start a runtime, if it has any) over the effective time they took. A node's rows/s is the sum over its workers running now; a node with
   none running shows the rate over everything it completed.
-- A running attempt's done fraction is estimated as its effective age over the time its owner
-  expects (the owner's previous throughput, published in the heartbeat), capped at RUNNING_CAP.
+- A running attempt's done fraction is estimated as its processing time (the owner's heartbeat)
+  over the time its owner expects (its previous throughput, published in the heartbeat), capped
+  at RUNNING_CAP; an attempt still starting or queued counts as not started.
 - ETA = remaining normalized bytes (shards neither done nor failed, less the estimated done part
   of running ones) / the sum of the running workers' byte rates. A running worker without a
   finished shard yet counts with the mean rate of its node's workers, else of all workers. In
@@ -143,6 +147,12 @@ def effective_starts(attempts: list[AttemptView]) -> dict[tuple[str, str], float
     return starts
 
 
+def _busy_secs(attempt: AttemptView, starts: dict[tuple[str, str], float]) -> float:
+    """A finished attempt's time on its worker: from its effective start, less runtime start-up."""
+    end = attempt.ended_at if attempt.ended_at is not None else attempt.started_at
+    return max(0.0, end - starts[(attempt.shard_id, attempt.attempt_id)] - attempt.setup_secs)
+
+
 def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], float]) -> dict[tuple[str, int], _Rate]:
     by_worker: dict[tuple[str, int], list[AttemptView]] = defaultdict(list)
     for attempt in completed:
@@ -150,8 +160,9 @@ def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], fl
     rates = {}
     for worker, own in by_worker.items():
         rate = _Rate()
-        for attempt in sorted(own, key=lambda a: a.ended_at or 0.0)[-RECENT_SHARDS:]:
-            rate.add(attempt, attempt.ended_at - starts[(attempt.shard_id, attempt.attempt_id)])  # type: ignore[operator]
+        warm = [a for a in own if not a.setup_secs]
+        for attempt in sorted(warm or own, key=lambda a: a.ended_at or 0.0)[-RECENT_SHARDS:]:
+            rate.add(attempt, _busy_secs(attempt, starts))
         rates[worker] = rate
     return rates
 
@@ -162,11 +173,7 @@ def _mean_bytes_rate(rates: list[_Rate]) -> float | None:
 
 
 def _seconds_per_byte(completed: list[AttemptView], starts: dict[tuple[str, str], float]) -> float | None:
-    samples = [
-        (a.ended_at - starts[(a.shard_id, a.attempt_id)]) / a.input_bytes  # type: ignore[operator]
-        for a in completed
-        if a.input_bytes > 0
-    ]
+    samples = [_busy_secs(a, starts) / a.input_bytes for a in completed if a.input_bytes > 0]
     return statistics.median(samples) if samples else None
 
 
@@ -186,7 +193,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         node.shards_done += 1
         node.rows_done += attempt.input_rows
         node.bytes_done += attempt.input_bytes
-        node_totals[attempt.host].add(attempt, attempt.ended_at - starts[(attempt.shard_id, attempt.attempt_id)])  # type: ignore[operator]
+        node_totals[attempt.host].add(attempt, _busy_secs(attempt, starts))
     for attempt in current:
         if attempt.counts_as_failure:
             nodes.setdefault(attempt.host, Node(attempt.host)).failures += 1
@@ -201,12 +208,12 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         waiting = attempt.phase in WAITING_PHASES
         working = not waiting and attempt.phase not in STARTING_PHASES
         age = 0.0 if waiting else max(0.0, now - starts[(attempt.shard_id, attempt.attempt_id)])
+        busy = attempt.phase_secs if attempt.phase == PROCESSING and attempt.phase_secs is not None else age
         expected = attempt.expected_secs
-        fraction = min(RUNNING_CAP, age / expected) if expected and working else 0.0
+        fraction = min(RUNNING_CAP, busy / expected) if expected and working else 0.0
         item = Running(attempt.shard_id, attempt.attempt_id, attempt.host, attempt.pid, attempt.phase, age, expected, fraction)
         if len(completed) >= STRAGGLER_MIN_DONE and per_sec_per_byte is not None and working:
             typical = per_sec_per_byte * attempt.input_bytes
-            busy = attempt.phase_secs if attempt.phase == PROCESSING and attempt.phase_secs is not None else age
             if busy > STRAGGLER_FACTOR * typical and busy - typical >= STRAGGLER_SLACK_SECS:
                 item.straggler, item.factor = True, busy / typical if typical > 0 else None
                 stragglers.append(item)
@@ -221,7 +228,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         rate = active[worker]
         expected = expected or (attempt.input_bytes / rate if rate else None)
         if expected is not None:
-            longest = max(longest, expected - age)
+            longest = max(longest, expected - (busy if working else 0.0))
 
     for node in nodes.values():
         own = {w for w in active if w[0] == node.host}

@@ -235,6 +235,7 @@ class AttemptRecord:
     output_bytes: int | None = None
     output_sha256: str | None = None
     exit_code: int | None = None
+    setup_secs: float | None = None  # spent starting the node's runtime (a warm runner's first shard)
 
 
 @dataclass

@@ -150,6 +150,7 @@ class AttemptView:
     archive: str | None = None
     phase_secs: float | None = None  # in `phase` as of the last heartbeat, by the owner's own clock
     counts_as_failure: bool = False  # against the shard's retry limit (lease.attempt_failure)
+    setup_secs: float = 0.0  # of it spent starting the node's runtime
 
     @property
     def secs(self) -> float | None:
@@ -196,6 +197,7 @@ def _attempt_view(
         archive=archive,
         phase_secs=_phase_secs(heartbeat) if running else None,
         counts_as_failure=counts,
+        setup_secs=record.setup_secs or 0.0,
     )
 
 

@@ -59,6 +59,8 @@ svg.progress{vertical-align:-1px}.progress-bg{fill:#e6e9ed}.progress-fill{fill:v
 .sw-succeeded{background:var(--ok)}.sw-failed{background:var(--bad)}.sw-superseded{background:var(--sup)}
 .sw-interrupted{background:var(--int)}.sw-running{background:var(--run)}
 .sw-stale{background:repeating-linear-gradient(135deg,#8c959f 0 2px,#e1e4e8 2px 5px)}
+.sw-setup{background:repeating-linear-gradient(135deg,rgba(255,255,255,.75) 0 2px,var(--ok) 2px 5px)}
+rect.setup{fill:url(#setup-hatch);pointer-events:none}
 .sw-line{display:inline-block;width:22px;border-top:2px dashed #57606a}
 .sw-line.takeover{border-top-color:var(--sup)}
 .scroll{overflow-x:auto;border:1px solid var(--line);border-radius:6px}
@@ -329,6 +331,8 @@ def _bar_title(bar: _Bar, start: float, now: float) -> str:
         + (f"took {_fmt_secs(took)}" if view.ended_at is not None else f"running for {_fmt_secs(took)}"),
         f"rows {_fmt_int(view.input_rows)} in → {_fmt_int(view.output_rows)} out · {_fmt_bytes(view.input_bytes)}",
     ]
+    if view.setup_secs:
+        lines.append(f"runtime start-up: {_fmt_secs(view.setup_secs)} of it")
     if view.phase:
         lines.append(f"phase: {view.phase}" + (f" (expected ~{_fmt_secs(view.expected_secs)})" if view.expected_secs else ""))
     if view.error:
@@ -362,8 +366,20 @@ def _bar_svg(bar: _Bar, start: float, now: float) -> str:
         f'<rect class="attempt outcome-{outcome}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '
         f'height="{ROW_H}" rx="3" data-shard="{_e(view.shard_id)}" data-attempt="{_e(view.attempt_id)}" '
         f'data-host="{_e(view.host)}" data-outcome="{_e(outcome)}"{kind}>'
-        f"<title>{_e(_bar_title(bar, start, now))}</title></rect>{_bar_label(bar)}"
+        f"<title>{_e(_bar_title(bar, start, now))}</title></rect>{_setup_svg(bar)}{_bar_label(bar)}"
     )
+
+
+def _setup_svg(bar: _Bar) -> str:
+    """The part of an attempt spent starting its node's runtime, hatched over the bar's start."""
+    view = bar.view
+    took = view.secs
+    if not view.setup_secs or not took:
+        return ""
+    width = (bar.x1 - bar.x0) * min(1.0, view.setup_secs / took)
+    if width < 1.0:
+        return ""
+    return f'<rect class="setup" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{width:.1f}" height="{ROW_H}" rx="3"/>'
 
 
 def _handoff_svg(before: _Bar, after: _Bar) -> str:
@@ -415,6 +431,8 @@ SVG_DEFS = """<defs>
 <rect width="12" height="12" fill="#2f7de1"/><rect width="5" height="12" fill="#5b9bea"/>
 <animateTransform attributeName="patternTransform" type="translate" additive="sum" from="0 0" to="12 0"
  dur="1.2s" repeatCount="indefinite"/></pattern>
+<pattern id="setup-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+<rect width="2.5" height="6" fill="#ffffff" fill-opacity="0.7"/></pattern>
 <marker id="arrow-retry" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
 <path d="M0,0 L8,4 L0,8 z" fill="#57606a"/></marker>
 <marker id="arrow-takeover" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
@@ -453,6 +471,8 @@ def _legend(attempts: list[AttemptView]) -> str:
     for view in attempts:
         counts[view.outcome] = counts.get(view.outcome, 0) + 1
     items = [f'<span><i class="swatch sw-{o}"></i>{o} ({counts[o]})</span>' for o in OUTCOMES]
+    if any(view.setup_secs for view in attempts):
+        items.append('<span><i class="swatch sw-setup"></i>starting the node runtime</span>')
     items.append('<span><i class="sw-line"></i>retry (after a failure or hand-back)</span>')
     items.append('<span><i class="sw-line takeover"></i>takeover of a superseded/stale claim</span>')
     return '<div class="legend">' + "".join(items) + "</div>"

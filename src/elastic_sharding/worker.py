@@ -390,8 +390,8 @@ class Worker:
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
             self.claims.finish(claim, DONE)
             self.completed += 1
-            self.last_rate = spec.bytes / max(lookahead.elapsed(), 1e-3)
-            record = replace(record, status="succeeded", finished_at=time.time(), exit_code=0)
+            self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
+            record = replace(record, status="succeeded", finished_at=time.time(), exit_code=0, setup_secs=ctx.setup_secs or None)
             fsops.replace_atomic(files["record"], encode(record))
             log.info(
                 "done %s: %d -> %d rows in %.1fs", claim.shard_id, spec.rows, stats.rows, record.finished_at - record.started_at
@@ -468,7 +468,7 @@ class Worker:
         status = "fenced" if lost else "failed"
         if (self.stopping or handback) and not lost:
             status = "interrupted"
-        record = replace(record, status=status, finished_at=time.time(), error=error)
+        record = replace(record, status=status, finished_at=time.time(), error=error, setup_secs=ctx.setup_secs or None)
         try:
             fsops.replace_atomic(files["record"], encode(record))
         except OSError as exc:

@@ -23,6 +23,7 @@ class AttemptContext:
     ray_output: Path
     env: dict[str, str]
     set_phase: Callable[..., None] = lambda phase, **progress: None
+    setup_secs: float = 0.0  # the runner adds the time it spent starting its node runtime
     _reason: str | None = None
 
     def stop(self, reason: str) -> None:

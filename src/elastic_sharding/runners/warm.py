@@ -154,6 +154,7 @@ class WarmRunner:
                     continue
                 if event["event"] == "ready":
                     log.info("warm runtime pid %d ready in %.1fs: %s", server.pid, event["secs"], event.get("ray"))
+                    ctx.setup_secs += time.monotonic() - began
                     self._server = server
                     return server
                 if event["event"] == "fatal":
