@@ -276,7 +276,7 @@ def test_watch_started_before_prepare_waits_for_the_job(make_job, tmp_path):
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
     out, err = watch.communicate(timeout=60)
     assert watch.returncode == 0, err
-    assert "waiting for prepare to publish the job" in out and "2 done" in out
+    assert "waiting for prepare to publish the job" in err and "2 done" in out
 
 
 def test_watch_redraws_on_a_terminal_until_the_job_fails(make_job):

@@ -52,9 +52,9 @@ def watch_status(
     manifest = JobLayout(Path(os.path.abspath(job_dir))).manifest
     try:
         while not manifest.exists():
-            # Started before `prepare` finished (a launcher's first minutes): wait for the job.
-            sys.stdout.write(f"{time.strftime('%H:%M:%S')} {job_dir}: waiting for prepare to publish the job\n")
-            sys.stdout.flush()
+            # Started before `prepare` finished (a launcher's first minutes): wait for the job. On
+            # stderr, so that stdout stays the view (or one JSON object per line).
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {job_dir}: waiting for prepare to publish the job\n")
             time.sleep(every)
         while True:
             status = Status(job_dir, lock_timeout)
