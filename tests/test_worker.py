@@ -189,6 +189,29 @@ def test_sigterm_hands_the_current_shard_back_at_once(make_job):
     assert run(job) == 0
 
 
+def test_a_stop_that_arrives_while_an_attempt_is_staged_still_drains_it(make_job):
+    """A signal landing between the claim and the start of processing must not be lost: the worker
+    would otherwise run the whole shard before it noticed (a flaky drain under load)."""
+    import time
+
+    job = make_job(rows=10, shards=1)
+    layout = JobLayout(job)
+    worker = Worker(job, WorkerOptions(), runner=FakeRunner(delay=60))
+    check_input = worker._check_input
+
+    def stopped_while_staging(ctx, spec):
+        worker.request_stop("received SIGTERM")
+        check_input(ctx, spec)
+
+    worker._check_input = stopped_while_staging
+    started = time.monotonic()
+    assert worker.run() == 2
+    assert time.monotonic() - started < 10, "the shard must not run to its end"
+    assert read_claim(layout, "part-00000-of-00001") is None, "the shard must be pending again at once"
+    (attempt,) = layout.attempts_dir("part-00000-of-00001").iterdir()
+    assert json.loads((attempt / "attempt.json").read_text())["status"] == "interrupted"
+
+
 def test_attempt_recipe_overrides_and_cache_environment(make_job, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HF_HOME", "/models/hf")

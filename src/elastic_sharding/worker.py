@@ -353,6 +353,8 @@ class Worker:
         claim, spec, record, ctx, heartbeat = staged.claim, staged.spec, staged.record, staged.ctx, staged.heartbeat
         files = attempt_files(ctx.attempt_dir)
         self.current = ctx
+        if self.stopping:
+            ctx.stop(self.stopping)  # the stop arrived while this attempt was being staged
         log.info("processing %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
         lookahead = _Lookahead(self, spec)
         try:
