@@ -79,7 +79,8 @@ def test_killed_prepare_coordinator_is_taken_over_and_fewer_workers_than_nodes_f
     logs = read_log(tmp_path, "node-b") + read_log(tmp_path, "node-c")
     assert codes == {"node-b": 0, "node-c": 0}, logs[-4000:]
     assert "DLC prepare coordinator host=node-a" in logs and "taking the phase over" in logs
-    assert logs.count("elected as DLC prepare coordinator") == 1 and "taking over from node-a:" in logs
+    # The instance that moves the dead lock away is not always the one that wins the new lock.
+    assert logs.count("elected as DLC prepare coordinator") == 1
     assert {s["host"] for s in status_json(job)["shards"]} <= {"node-b", "node-c"}
     assert lines(job / "merged.jsonl") == demo_baseline
 
