@@ -112,3 +112,15 @@ def demo_baseline(tmp_path_factory) -> list[bytes]:
     from e2e_support import DEMO_DATA, DEMO_RECIPE, baseline_rows
 
     return baseline_rows(DEMO_RECIPE, DEMO_DATA, tmp_path_factory.mktemp("baseline"))
+
+
+@pytest.fixture
+def gluster():
+    """`gluster(nodes=2, mode="strict")` -> a started GlusterFS test cluster (tests/cluster.py), torn down at test end.
+
+    Skips where the cluster cannot be built (not root, no glusterfs, ...), fails there with ELASTIC_SHARD_REQUIRE_CLUSTER=1.
+    """
+    from cluster import cluster_factory
+
+    with cluster_factory() as make:
+        yield make

@@ -1,4 +1,9 @@
-"""Run one worker with the fake runner in its own process (for multi-process tests)."""
+"""Run `elastic-shard worker` with the fake runner in its own process (for multi-process tests).
+
+`fake_worker.py JOB [--delay S] [--fail-shard ID ...] [--keep-fake-recipe] [worker flags...]`:
+the fake runner's options come first; every other flag goes to the real `worker` command, so
+errors, signals and exit codes take the same path as in production.
+"""
 
 import argparse
 import sys
@@ -6,24 +11,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakes import FakeRunner  # noqa: E402
+from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
-from elastic_sharding.cli import setup_logging  # noqa: E402
-from elastic_sharding.worker import WorkerOptions, run_worker  # noqa: E402
+import elastic_sharding.worker  # noqa: E402
+from elastic_sharding.cli import main  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("job_dir", type=Path)
 parser.add_argument("--delay", type=float, default=0.0)
-parser.add_argument("--max-shards", type=int)
 parser.add_argument("--fail-shard", action="append", default=[])
-parser.add_argument("--lock-timeout-secs", type=float)
-parser.add_argument("--heartbeat-interval-secs", type=float)
-args = parser.parse_args()
-setup_logging("INFO")
-runner = FakeRunner(delay=args.delay, fail=lambda shard: shard in args.fail_shard)
-options = WorkerOptions(
-    max_shards=args.max_shards,
-    lock_timeout_secs=args.lock_timeout_secs,
-    heartbeat_interval_secs=args.heartbeat_interval_secs,
+parser.add_argument("--keep-fake-recipe", action="store_true", help="drop rows as fakes.fake_recipe_keep says")
+args, worker_flags = parser.parse_known_args()
+keep = fake_recipe_keep if args.keep_fake_recipe else None
+elastic_sharding.worker.get_runner = lambda name, runtime=None: FakeRunner(
+    delay=args.delay, fail=lambda shard: shard in args.fail_shard, keep=keep
 )
-sys.exit(run_worker(args.job_dir, options, runner))
+sys.exit(main(["worker", "--job-dir", str(args.job_dir), *worker_flags]))

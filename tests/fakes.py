@@ -14,8 +14,14 @@ from pathlib import Path
 import orjson
 import yaml
 
+from elastic_sharding import crashpoints
 from elastic_sharding.errors import AttemptFailed
 from elastic_sharding.runners import AttemptContext
+
+
+def fake_recipe_keep(row: dict) -> bool:
+    """A stand-in recipe for multi-process tests: drops every row whose id is 3 modulo 7."""
+    return row["id"] % 7 != 3
 
 
 class FakeRunner:
@@ -43,11 +49,19 @@ class FakeRunner:
         self.configs.append(config)
         self.envs.append(dict(ctx.env))
         assert config["executor_type"] == "ray" and config["skip_op_error"] is False
-        deadline = time.monotonic() + self.delay
+        ctx.set_phase("processing")
+        started = time.monotonic()
+        deadline = started + self.delay
+        halfway = False
         while time.monotonic() < deadline:
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            if not halfway and time.monotonic() >= started + self.delay / 2:
+                halfway = True
+                crashpoints.reached("processing")
             time.sleep(min(0.01, self.delay))
+        if not halfway:
+            crashpoints.reached("processing")
         if self.fail(ctx.shard_id):
             ctx.log_path.write_text("ValueError: fake operator failure\n")
             raise AttemptFailed("fake operator failure")

@@ -34,12 +34,17 @@ def _code(text: str) -> tuple[list[str], list[str]]:
     return blocks, inline
 
 
-def _bench_flags() -> set[str]:
-    return set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', (REPO / "bench" / "elastic_bench.py").read_text()))
+SCRIPTS_WITH_FLAGS = ("bench/elastic_bench.py", "tests/fault_matrix.py", "tests/cluster.py")
+
+
+def _script_flags() -> set[str]:
+    """Flags of the bench, fault-matrix and test-cluster scripts the READMEs document."""
+    pattern = r'add_argument\(\s*"(--[a-z-]+)"'
+    return {flag for path in SCRIPTS_WITH_FLAGS for flag in re.findall(pattern, (REPO / path).read_text())}
 
 
 def test_every_documented_flag_exists():
-    known = _flags() | _bench_flags() | FOREIGN_FLAGS | PLACEHOLDERS
+    known = _flags() | _script_flags() | FOREIGN_FLAGS | PLACEHOLDERS
     for name in ("README.md", "README_ZH.md"):
         text = (REPO / name).read_text()
         documented = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", text))

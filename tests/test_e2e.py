@@ -14,57 +14,9 @@ import sys
 import orjson
 import pytest
 from conftest import REPO, TESTS, write_jsonl
-from e2e_support import DEMO_DATA, SHARD_JOB, needs_unshare, prepare_demo, prepare_job, processes_with, shard_job, start_node
-
-from elastic_sharding.runners import DEFAULT_RUNNER
+from e2e_support import SHARD_JOB, needs_unshare, prepare_demo, prepare_job, processes_with, shard_job, start_node
 
 pytestmark = pytest.mark.e2e
-
-
-@needs_unshare
-def test_two_nodes_manual_workflow_matches_single_dj_process_run(tmp_path, demo_baseline):
-    job = tmp_path / "jobs" / "two-node"
-    job.parent.mkdir()
-    prepare_demo(
-        job,
-        "--num-shards",
-        "4",
-        "--lock-timeout-secs",
-        "300",
-        "--max-retries",
-        "1",
-        "--poll-interval-secs",
-        "1",
-        "--ray-address",
-        "local",
-    )
-    nodes = [start_node(name, "worker", "--job-dir", str(job), log=tmp_path / f"{name}.log") for name in ("node-a", "node-b")]
-    for name, node in zip(("node-a", "node-b"), nodes):
-        assert node.wait(timeout=900) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
-
-    status = shard_job("status", "--job-dir", str(job), "--json")
-    report = json.loads(status.stdout)
-    assert report["complete"] and report["counts"]["done"] == 4
-    assert {s["host"] for s in report["shards"]} == {"node-a", "node-b"}
-    text = shard_job("status", "--job-dir", str(job), "--all").stdout
-    assert "node-a" in text and "node-b" in text
-
-    merged = tmp_path / "merged.jsonl"
-    shard_job("merge", "--job-dir", str(job), "--output", str(merged))
-    verify = shard_job("verify", "--job-dir", str(job), "--output", str(merged), "--expect-nodes", "2")
-    assert "PASS: 4 shards were completed by 2 node(s)" in verify.stderr
-
-    expected = demo_baseline
-    got = merged.read_bytes().splitlines(keepends=True)
-    assert len(got) == len(expected) and 0 < len(got) < sum(1 for _ in DEMO_DATA.open())
-    assert got == expected
-    assert all(b'"__dj__stats__"' in line for line in got)
-
-    attempt = next(p for p in (job / "attempts").glob("*/*") if p.is_dir())
-    record = json.loads((attempt / "attempt.json").read_text())
-    assert record["status"] == "succeeded" and record["runner"] == DEFAULT_RUNNER
-    assert (attempt / "process.log").stat().st_size > 0
-    assert (job / "cache").is_dir() and json.loads((job / "merge.json").read_text())["rows"] == len(got)
 
 
 @needs_unshare

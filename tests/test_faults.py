@@ -134,3 +134,6 @@ def test_owner_dying_between_publish_and_terminal_claim_is_repaired(make_job):
     repair = FakeRunner()
     assert Worker(job, WorkerOptions(), runner=repair).run() == 0
     assert repair.calls == [] and read_claim(layout, SHARD).status == "done"
+    (attempt,) = layout.attempts_dir(SHARD).iterdir()
+    assert json.loads((attempt / "attempt.json").read_text())["status"] == "succeeded", "the published attempt succeeded"
+    assert not attempt_files(attempt)["superseded"].exists(), "the attempt whose output merge uses is not superseded"

@@ -5,6 +5,10 @@ exclusive create, create-once publish (`link`), atomic replace (`rename`), renam
 fsync. Correctness never depends on fcntl/flock: on NFSv3 with `nolock`/`local_lock` those are
 node-local. Readers of just-published records must tolerate attribute caches, so `read_record`
 retries a read that comes back empty or unparsable instead of treating it as "free".
+
+It is also where the job directory is confined: whatever the tool reads from inside a job's
+directories is opened with O_NOFOLLOW and listed without following links (`LinkRefused`), and
+everything it creates asks for `FILE_MODE`/`DIR_MODE`, which the kernel narrows by the umask.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import errno
 import os
 import secrets
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +26,128 @@ from typing import BinaryIO, TypeVar
 
 T = TypeVar("T")
 
-FILE_MODE = 0o644
+# Asked for on creation and narrowed by the kernel with the umask: 0644/0755 under umask 022, group-writable
+# 0664/0775 under a group-shared 002, never world-writable (not even under umask 000).
+STALE_HANDLE_SECS = 3.0
+STALE_HANDLE_POLL = 0.02
+FILE_MODE = 0o664
+DIR_MODE = 0o775
+
+
+class LinkRefused(OSError, ValueError):
+    """A symbolic link where the tool expects a file or directory of its own: never followed.
+
+    An OSError (ELOOP) for callers that report I/O errors, and a ValueError so that every reader
+    that treats an unparsable record as unreadable treats a planted link the same way."""
+
+    def __init__(self, path: Path | str):
+        super().__init__(errno.ELOOP, "is a symbolic link, which elastic-shard never follows inside a job directory", str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def lexists(path: Path) -> bool:
+    """Whether a name exists, a symbolic link included (and never followed)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def kind(path: Path) -> str | None:
+    """What `path` names ("file", "dir", "link" or "other"), without following it; None if missing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "other"
+
+
+def refuse_link(path: Path) -> None:
+    """Raise LinkRefused if `path` is a symbolic link; a missing path passes (its reader reports it)."""
+    if kind(path) == "link":
+        raise LinkRefused(path)
+
+
+def open_nofollow(path: Path, flags: int = os.O_RDONLY, mode: int = FILE_MODE) -> int:
+    """os.open that refuses (LinkRefused) a symbolic link at the last component of `path`."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        # Linux says ELOOP for a link, or ENOTDIR when O_DIRECTORY was asked for.
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(path)):
+            raise LinkRefused(path) from None
+        raise
+
+
+def open_read(path: Path, buffering: int = -1) -> BinaryIO:
+    """Open a file for reading in binary mode, refusing a symbolic link (no extra syscall)."""
+    return os.fdopen(open_nofollow(path), "rb", buffering=buffering)
+
+
+def open_append(path: Path) -> BinaryIO:
+    """Open (creating) a log for appending, refusing a symbolic link in its place."""
+    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
+def read_bytes_nofollow(path: Path) -> bytes:
+    with open_read(path, buffering=0) as handle:
+        return handle.read()
+
+
+def list_dir(path: Path) -> dict[str, str]:
+    """Names in a directory with their `kind` ("file", "dir", "link", "other"), following neither
+    the directory itself (LinkRefused) nor its entries. Costs what os.listdir costs where the
+    filesystem reports entry types."""
+    fd = open_nofollow(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(fd) as entries:
+            return {entry.name: _entry_kind(entry) for entry in entries}
+    finally:
+        os.close(fd)
+
+
+def _entry_kind(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "file" if entry.is_file(follow_symlinks=False) else "other"
+
+
+def ensure_dir(path: Path, parents: bool = False) -> None:
+    """mkdir unless `path` already is a directory; a link (LinkRefused) or a file in its place is
+    refused, so nothing is ever created through a planted link. Missing parents are created
+    only if asked (they are above the place the tool confines itself to)."""
+    try:
+        os.mkdir(path, DIR_MODE)
+        return
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        if not parents or path.parent == path:
+            raise
+        ensure_dir(path.parent, parents=True)
+        ensure_dir(path)
+        return
+    found = kind(path)
+    if found == "link":
+        raise LinkRefused(path)
+    if found != "dir":
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
 def _temp_name(target: Path) -> Path:
@@ -132,7 +258,7 @@ def link_back(source: Path, target: Path) -> bool:
 def make_dir_exclusive(path: Path) -> bool:
     """mkdir that fails on an existing name: True if this call created it."""
     try:
-        os.mkdir(path, 0o755)
+        os.mkdir(path, DIR_MODE)
     except FileExistsError:
         return False
     fsync_dir(path.parent)
@@ -155,21 +281,37 @@ def read_record(path: Path, parse: Callable[[bytes], T], attempts: int = 5, dela
     """Read and parse a small record; None if it does not exist.
 
     An empty or unparsable read is retried: on a NAS a reader can see a just-created file
-    before its content. A record that stays unparsable raises the parser's error.
+    before its content. So is ESTALE, for up to `STALE_HANDLE_SECS`: a client whose name cache
+    still points at a record another node has since replaced gets it until that cache entry
+    expires (measured on GlusterFS's default caching: runs of ESTALE for up to its 1 s entry
+    timeout while another node rewrites the record; NFS clients behave alike). A record that
+    stays unparsable raises the parser's error; a symbolic link raises LinkRefused (a ValueError
+    too) at once.
     """
     last_error: Exception | None = None
-    for attempt in range(attempts):
+    stale_until: float | None = None
+    attempt = 0
+    while attempt < attempts:
         try:
-            data = path.read_bytes()
+            data = read_bytes_nofollow(path)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+            stale_until = stale_until or time.monotonic() + STALE_HANDLE_SECS
+            if time.monotonic() > stale_until:
+                raise
+            time.sleep(STALE_HANDLE_POLL)
+            continue
         try:
             if data:
                 return parse(data)
             last_error = ValueError(f"{path}: empty record")
         except ValueError as exc:
             last_error = exc
-        time.sleep(delay * (attempt + 1))
+        attempt += 1
+        time.sleep(delay * attempt)
     assert last_error is not None
     raise last_error
 

@@ -1,15 +1,23 @@
 """Paths inside a job directory. Every identifier that becomes a path is checked first, so a
-name read from a record or the command line can never point outside the job directory."""
+name read from a record or the command line can never point outside the job directory; the
+directories the tool descends into are checked not to be symbolic links planted there (the job
+directory itself may be one: only links inside it are refused)."""
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import fsops
 from .errors import JobStateError, UsageError
 from .records import ATTEMPT_ID_RE, SHARD_ID_RE, Manifest, load
 
+log = logging.getLogger(__name__)
+
 STATE_DIRS = ("locks", "stale_locks", "done", "failed", "history")
+_SUFFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 def check_shard_id(shard_id: str) -> str:
@@ -84,23 +92,60 @@ class JobLayout:
         return self.state / "failed" / f"{check_shard_id(shard_id)}.json"
 
     def stale_lock(self, shard_id: str, suffix: str) -> Path:
+        if not _SUFFIX_RE.match(suffix):
+            raise JobStateError(f"{suffix!r} is not a valid stale-lock suffix")
         return self.state / "stale_locks" / f"{check_shard_id(shard_id)}.{suffix}.json"
 
     @property
     def history(self) -> Path:
         return self.state / "history"
 
+    @property
+    def skeleton(self) -> tuple[Path, ...]:
+        """The directories prepare creates, which every command descends into."""
+        return (self.shards_dir, self.attempts_root, self.state, *(self.state / name for name in STATE_DIRS))
+
+    def existing_attempt_dir(self, shard_id: str, attempt_id: str) -> Path:
+        """An attempt directory to read from, refusing (LinkRefused) a link planted at it or at
+        attempts/<shard>: two lstats, cheap enough for every running claim of every scan."""
+        fsops.refuse_link(self.attempts_dir(shard_id))
+        path = self.attempt_dir(shard_id, attempt_id)
+        fsops.refuse_link(path)
+        return path
+
     def load_manifest(self) -> Manifest:
+        """The manifest, after checking that neither it nor the job's directories are links."""
         if not self.root.is_dir():
             raise JobStateError(f"{self.root}: job directory does not exist (run prepare first)")
-        if not self.manifest.exists():
+        if not fsops.lexists(self.manifest):
             raise JobStateError(f"{self.root}: not a prepared job directory (no manifest.json)")
+        for directory in self.skeleton:
+            if fsops.kind(directory) == "link":
+                raise JobStateError(str(fsops.LinkRefused(directory)))
         manifest = load(Manifest, self.manifest)
         for spec in manifest.shards:
             check_shard_id(spec.shard_id)
             if spec.path != f"shards/{spec.shard_id}.jsonl":
                 raise JobStateError(f"{self.manifest}: shard {spec.shard_id} has an unexpected path {spec.path!r}")
         return manifest
+
+
+def attempt_ids(directory: Path) -> list[str]:
+    """The attempt directories in attempts/<shard> (or an archived copy of it), sorted.
+
+    Entries that are not directories named like attempt ids (links among them) are skipped and
+    never followed; a link in place of `directory` itself raises LinkRefused."""
+    try:
+        entries = fsops.list_dir(directory)
+    except FileNotFoundError:
+        return []
+    ids = []
+    for name, found in sorted(entries.items()):
+        if found == "dir" and ATTEMPT_ID_RE.match(name):
+            ids.append(name)
+        elif not name.startswith("."):
+            log.warning("ignoring %s: not an attempt directory (%s)", directory / name, found)
+    return ids
 
 
 def attempt_files(attempt_dir: Path) -> dict[str, Path]:

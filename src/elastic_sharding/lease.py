@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from . import fsops
-from .layout import JobLayout, attempt_files
+from .layout import JobLayout, attempt_files, attempt_ids
 from .records import (
     AttemptRecord,
     ClaimRecord,
@@ -82,6 +82,15 @@ def read_heartbeat(attempt_dir: Path) -> Heartbeat | None:
     return read_heartbeat_file(attempt_files(attempt_dir)["heartbeat"])
 
 
+def read_claim_heartbeat(layout: JobLayout, claim: ClaimRecord) -> Heartbeat | None:
+    """The heartbeat of a claim's attempt; None also when a link was planted on the way to it."""
+    try:
+        return read_heartbeat(layout.existing_attempt_dir(claim.shard_id, claim.attempt_id))
+    except fsops.LinkRefused as exc:
+        log.warning("cannot read the heartbeat of %s: %s", claim.shard_id, exc)
+        return None
+
+
 def read_attempt(attempt_dir: Path) -> AttemptRecord | None:
     path = attempt_files(attempt_dir)["record"]
     try:
@@ -104,19 +113,17 @@ def attempt_failure(record: AttemptRecord | None, superseded: bool) -> tuple[boo
 
 
 def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, str | None]:
-    """Failed or superseded attempts of a shard since its last `retry`, with the latest error."""
+    """Failed or superseded attempts of a shard since its last `retry`, with the latest error.
+
+    Raises LinkRefused if attempts/<shard> is a symbolic link: the shard cannot be judged."""
     root = layout.attempts_dir(shard_id)
     failures, last_id, last_error = 0, None, None
-    try:
-        names = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return 0, None, None
-    for name in names:
+    for name in attempt_ids(root):
         attempt_dir = root / name
         record = read_attempt(attempt_dir)
         if record is not None and record.status == "succeeded":
             continue
-        counts, error = attempt_failure(record, attempt_files(attempt_dir)["superseded"].exists())
+        counts, error = attempt_failure(record, fsops.lexists(attempt_files(attempt_dir)["superseded"]))
         if counts:
             failures += 1
             last_id = name
@@ -134,7 +141,7 @@ def remove_if_token(lock: Path, moved: Path, expected_token: str) -> bool:
     if not fsops.rename_away(lock, moved):
         return False
     try:
-        token = orjson.loads(moved.read_bytes()).get("token")
+        token = orjson.loads(fsops.read_bytes_nofollow(moved)).get("token")
     except (OSError, ValueError, AttributeError):
         token = None
     if token == expected_token:
@@ -215,6 +222,44 @@ class Claims:
             self.layout.lock(claim.shard_id), self.layout.stale_lock(claim.shard_id, f"{claim.token}.released"), claim.token
         )
 
+    def repair_done(self, stale: ClaimRecord, unchanged_secs: float) -> bool:
+        """P6 repair: the shard's completion is published but its owner died before marking its
+        claim done. The claim is replaced by a terminal one. If the published attempt is the
+        stale claim's own, it is recorded as succeeded (its output is the one merge uses), not as
+        superseded; any other stale attempt is superseded as in a takeover."""
+        path = self.layout.done(stale.shard_id)
+        completion = fsops.read_record(path, lambda data: decode(CompletionRecord, data, path))
+        if completion is None or completion.attempt_id != stale.attempt_id:
+            if not self.take_over(stale, unchanged_secs):
+                return False
+        else:
+            lock = self.layout.lock(stale.shard_id)
+            if not remove_if_token(
+                lock, self.layout.stale_lock(stale.shard_id, f"{stale.token}.done-{new_token()[:8]}"), stale.token
+            ):
+                return False
+            attempt_dir = self.layout.attempt_dir(stale.shard_id, stale.attempt_id)
+            record = read_attempt(attempt_dir)
+            if record is not None and record.status == "running":
+                done = replace(
+                    record,
+                    status="succeeded",
+                    finished_at=completion.finished_at,
+                    exit_code=0,
+                    output_rows=completion.output_rows,
+                    output_bytes=completion.output_bytes,
+                    output_sha256=completion.output_sha256,
+                )
+                fsops.replace_atomic(attempt_files(attempt_dir)["record"], encode(done))
+            log.warning(
+                "%s was published by host=%s pid=%s, which died before recording it: marked done",
+                stale.shard_id,
+                stale.host,
+                stale.pid,
+            )
+        self.try_claim(stale.shard_id, status=DONE)
+        return True
+
     def take_over(self, stale: ClaimRecord, unchanged_secs: float, reason: str | None = None) -> bool:
         """Remove a claim judged stale; True if this worker removed exactly that claim.
 
@@ -225,7 +270,8 @@ class Claims:
         if not remove_if_token(lock, self.layout.stale_lock(stale.shard_id, f"{stale.token}.stale-{mine[:8]}"), stale.token):
             return False
         attempt_dir = self.layout.attempt_dir(stale.shard_id, stale.attempt_id)
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        fsops.ensure_dir(attempt_dir.parent)
+        fsops.ensure_dir(attempt_dir)
         note = SupersededRecord(
             shard_id=stale.shard_id,
             attempt_id=stale.attempt_id,
@@ -366,7 +412,7 @@ class HeartbeatThread(LeaseKeeper):
         self.superseded = files["superseded"]
 
     def check(self) -> str | None:
-        if self.superseded.exists():
+        if fsops.lexists(self.superseded):
             return "this attempt was marked superseded by another worker"
         try:
             current = read_claim(self.claims.layout, self.claim.shard_id)

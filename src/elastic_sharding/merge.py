@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import fsops
+from . import crashpoints, fsops
 from .errors import IntegrityError, JobStateError, UsageError
 from .jsonl import BLOCK_SIZE, Offload
 from .layout import JobLayout, attempt_files
 from .output import file_stats
 from .progress import Progress
-from .records import CompletionRecord, MergeRecord, MergeShard, encode
+from .records import CompletionRecord, MergeRecord, MergeShard, encode, load
 from .state import DONE, counts, job_views
 
 log = logging.getLogger(__name__)
@@ -40,18 +40,26 @@ def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> l
         )
     result = []
     for view in views:
-        if view.completion is None:
-            raise JobStateError(
-                f"{view.shard_id}: claim says done but no completion record exists in {layout.done(view.shard_id)}"
-            )
-        record = view.completion
+        record = view.completion or _completion(layout, view.shard_id)
         if record.shard_id != view.shard_id:
             raise IntegrityError(f"{layout.done(view.shard_id)}: completion record names shard {record.shard_id}")
         if record.input_sha256 != view.spec.sha256 or record.input_rows != view.spec.rows:
             raise IntegrityError(f"{view.shard_id}: completion record does not match the manifest's shard input")
-        output = attempt_files(layout.attempt_dir(view.shard_id, record.attempt_id))["processed"]
-        result.append((record, output))
+        try:
+            attempt_dir = layout.existing_attempt_dir(view.shard_id, record.attempt_id)
+        except fsops.LinkRefused as exc:
+            raise IntegrityError(f"{view.shard_id}: {exc}") from None
+        result.append((record, attempt_files(attempt_dir)["processed"]))
     return result
+
+
+def _completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
+    """The completion record of a shard whose claim says done, read strictly: a missing, corrupt
+    or symlinked one is a JobStateError naming the file."""
+    path = layout.done(shard_id)
+    if not fsops.lexists(path):
+        raise JobStateError(f"{shard_id}: claim says done but no completion record exists in {path}")
+    return load(CompletionRecord, path)
 
 
 def _write_and_hash(target: BinaryIO, block: bytes, merged: Any) -> None:
@@ -71,7 +79,7 @@ def _copy_validated(
     digest = hashlib.sha256()
     rows = size = 0
     try:
-        with open(source, "rb", buffering=0) as handle:
+        with fsops.open_read(source, buffering=0) as handle:
             while block := handle.read(BLOCK_SIZE):
                 offload.submit(_write_and_hash, target, block, merged)
                 digest.update(block)
@@ -111,7 +119,7 @@ def merge(
     elsewhere)."""
     layout = JobLayout(Path(os.path.abspath(job_dir)))
     output = Path(os.path.abspath(output))
-    if output.exists() and not overwrite:
+    if fsops.lexists(output) and not overwrite:
         raise UsageError(f"{output} already exists; pass --overwrite to replace it")
     if output.is_dir():
         raise UsageError(f"{output} is a directory")
@@ -131,6 +139,7 @@ def merge(
         for record, source in shards:
             size += _copy_validated(record, source, out.file, merged_sha, offload, progress)
             rows += record.output_rows
+            crashpoints.reached("merging")
             merged.append(
                 MergeShard(record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256)
             )

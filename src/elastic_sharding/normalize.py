@@ -68,12 +68,12 @@ class SchemaNode:
     fields: dict[str, SchemaNode] = field(default_factory=dict)
     item: SchemaNode | None = None
     count: int = 0
-    has_null: bool = False
+    nulls: int = 0
 
     def add(self, value: Any, path: str, origin: str) -> None:
         kind = _kind(value)
         if kind == "null":
-            self.has_null = True
+            self.nulls += 1
             return
         if self.kind == "null":
             self.kind, self.origin = kind, origin
@@ -98,19 +98,41 @@ class SchemaNode:
             for i, sub in enumerate(value):
                 self.item.add(sub, f"{path}[{i}]", origin)
 
+    @property
+    def has_null(self) -> bool:
+        return self.nulls > 0
+
+    def keys_seen(self) -> int:
+        """How many keys the values added so far held, nested objects' included: every key adds
+        one to its field's count or nulls, so no per-row counting is needed. Prepare compares it
+        with the keys written in the input to find repeated ones (`jsonl.check_keys`)."""
+        total = 0
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            for sub in node.fields.values():
+                total += sub.count + sub.nulls
+                stack.append(sub)
+            if node.item is not None:
+                stack.append(node.item)
+        return total
+
     def add_row(self, row: dict[str, Any], where: tuple[Path | str, int]) -> None:
         """`add(row, "", "<file>:<line>")` without building paths and origins for every row:
         prepare's first pass calls this once per input row."""
         try:
             self._add_fast(row, where)
         except _Conflict:
-            self.add(row, "", f"{where[0]}:{where[1]}")
+            try:
+                self.add(row, "", f"{where[0]}:{where[1]}")
+            except InputError as exc:
+                raise InputError(str(exc), *where) from None  # "here" gets its file and line
             raise AssertionError("schema conflict not reproduced by the slow path") from None
 
     def _add_fast(self, value: Any, where: tuple[Path | str, int]) -> None:
         kind = _KINDS.get(type(value)) or _kind(value)
         if kind == "null":
-            self.has_null = True
+            self.nulls += 1
             return
         if kind != self.kind:
             if self.kind == "null":
@@ -129,7 +151,7 @@ class SchemaNode:
                 if _SCALAR_KINDS.get(type(sub)) == node.kind:
                     node.count += 1
                 elif sub is None:
-                    node.has_null = True
+                    node.nulls += 1
                 else:
                     node._add_fast(sub, where)
         elif kind == "list":
@@ -140,7 +162,7 @@ class SchemaNode:
                 if _SCALAR_KINDS.get(type(sub)) == item.kind:
                     item.count += 1
                 elif sub is None:
-                    item.has_null = True
+                    item.nulls += 1
                 else:
                     item._add_fast(sub, where)
 
@@ -204,6 +226,7 @@ class RowNormalizer:
     media_keys: tuple[str, ...]
     index_key: str | None
     row_key: str
+    added_keys: int = 0  # index keys added to rows that had none: not in the input text
 
     def normalize(self, row: dict[str, Any], base_dir: str, global_index: int, path: Path, lineno: int) -> dict[str, Any]:
         if self.row_key in row:
@@ -218,6 +241,8 @@ class RowNormalizer:
                 raise InputError(f"field {key!r} must be a list of strings or null", path, lineno)
             row[key] = [_absolute_media(v, base_dir) for v in value]
         if self.index_key is not None and row.get(self.index_key) is None:
+            if self.index_key not in row:
+                self.added_keys += 1
             row[self.index_key] = global_index
         return row
 

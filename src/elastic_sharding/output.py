@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import orjson
 
-from . import fsops
+from . import crashpoints, fsops
 from .errors import AttemptFailed, InputError
 from .jsonl import parse_object
 from .records import ROW_KEY
@@ -33,13 +33,19 @@ class OutputStats:
 
 
 def part_files(ray_output: Path) -> list[Path]:
-    if not ray_output.exists():
+    """The runner's output files; a symbolic link in their place fails the attempt instead of being followed."""
+    found = fsops.kind(ray_output)
+    if found is None:
         raise AttemptFailed(f"the runner produced no output at {ray_output}")
-    if ray_output.is_file():
-        if ray_output.stat().st_size:
-            return [ray_output]
-        return []
-    return sorted(p for p in ray_output.iterdir() if p.is_file() and not p.name.startswith("."))
+    if found == "link":
+        raise AttemptFailed(f"output {fsops.LinkRefused(ray_output)}")
+    if found == "file":
+        return [ray_output] if ray_output.stat().st_size else []
+    entries = {name: kind for name, kind in fsops.list_dir(ray_output).items() if not name.startswith(".")}
+    links = sorted(name for name, kind in entries.items() if kind == "link")
+    if links:
+        raise AttemptFailed(f"output {fsops.LinkRefused(ray_output / links[0])}")
+    return sorted(ray_output / name for name, kind in entries.items() if kind == "file")
 
 
 def _output_object(line: bytes, where: str) -> dict:
@@ -67,7 +73,7 @@ def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
 
 
 def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator[tuple[int, int, int, bytes]]:
-    with open(part, "rb", buffering=1 << 20) as handle:
+    with fsops.open_read(part, buffering=1 << 20) as handle:
         for lineno, line in enumerate(handle, 1):
             line = line.rstrip(b"\r\n")
             if not line:
@@ -96,6 +102,9 @@ def _write(processed: Path, rows: Iterable[tuple[int, int, int, bytes]]) -> Outp
             digest.update(data)
             size += len(data)
             count += 1
+            if count == 1:
+                out.file.flush()
+                crashpoints.reached("collecting")
         out.commit()
     return OutputStats(rows=count, bytes=size, sha256=digest.hexdigest())
 
@@ -123,8 +132,8 @@ def collect(ray_output: Path, processed: Path, first_row: int, rows: int) -> Out
 
 def validated_lines(path: Path) -> Iterator[bytes]:
     """Yield a JSONL file's lines (with newline); ValueError names the file and line of the first
-    line that is truncated or not a JSON object."""
-    with open(path, "rb", buffering=1 << 20) as handle:
+    line that is truncated or not a JSON object; a symbolic link raises LinkRefused, unread."""
+    with fsops.open_read(path, buffering=1 << 20) as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.endswith(b"\n"):
                 raise ValueError(f"{path}:{lineno}: truncated (no newline at end)")

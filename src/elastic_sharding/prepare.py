@@ -17,6 +17,7 @@ import platform
 import secrets
 import shutil
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -26,10 +27,10 @@ from typing import Any, BinaryIO, NamedTuple
 
 import orjson
 
-from . import fsops
+from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import InputError, JobStateError, UsageError
-from .jsonl import HashingLineReader, Offload, line_error
+from .jsonl import HashingLineReader, Offload, check_keys, file_kind, first_duplicate_key, line_too_long, parse_object
 from .layout import STATE_DIRS, JobLayout
 from .normalize import RowNormalizer, SchemaNode
 from .progress import Progress
@@ -97,17 +98,25 @@ def validate_settings(settings: Settings) -> None:
         raise UsageError(f"--ray-temp-dir must be an absolute path, got {settings.ray_temp_dir!r}")
 
 
+def _stat(path: Path, context: str = "") -> os.stat_result:
+    try:
+        return path.stat()
+    except OSError as exc:
+        raise InputError(f"cannot access: {exc.strerror or exc}{context}", path) from None
+
+
 def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
     try:
         st = dataset.stat()
     except OSError as exc:
         raise InputError(f"cannot access dataset: {exc.strerror or exc}", dataset) from None
-    if dataset.is_file():
+    if stat.S_ISREG(st.st_mode):
         if dataset.suffix != ".jsonl":
-            raise InputError("not a .jsonl file (inputs are .jsonl files or directories of them)", dataset)
+            hint = "; compressed inputs are not read, decompress it first" if ".jsonl." in dataset.name else ""
+            raise InputError(f"not a .jsonl file (inputs are .jsonl files or directories of them){hint}", dataset)
         return "file", dataset.parent, [dataset]
-    if not dataset.is_dir():
-        raise InputError(f"not a regular file or directory (mode {st.st_mode:o})", dataset)
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"not a regular file or directory but {file_kind(st.st_mode)}", dataset)
     found: list[tuple[str, Path]] = []
     skipped = 0
 
@@ -119,6 +128,9 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
         for name in filenames:
             path = Path(dirpath) / name
             if name.endswith(".jsonl"):
+                mode = _stat(path).st_mode  # follows a link to a file; a broken or looping one is refused
+                if not stat.S_ISREG(mode):
+                    raise InputError(f"not a regular file but {file_kind(mode)}; inputs must be regular .jsonl files", path)
                 found.append((path.relative_to(dataset).as_posix(), path))
             else:
                 skipped += 1
@@ -141,25 +153,21 @@ class _Scan(NamedTuple):
     stride: int
 
 
-def _parse_object(line: bytes, path: Path, lineno: int) -> dict[str, Any]:
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise line_error(line, path, lineno) from None
-    if type(row) is not dict:
-        raise line_error(line, path, lineno)
-    return row
-
-
 def _blocks(
-    label: str, files: list[Path], readers: list[HashingLineReader], offload: Offload, quiet: bool
+    label: str,
+    files: list[Path],
+    readers: list[HashingLineReader],
+    offload: Offload,
+    quiet: bool,
+    max_line: int,
+    count_colons: bool = False,
 ) -> Iterator[tuple[HashingLineReader, int, list[bytes]]]:
     """(reader, first line number, lines) per block over all files, with progress per block;
     appends each file's reader to `readers`."""
-    total = sum(path.stat().st_size for path in files)
+    total = sum(_stat(path).st_size for path in files)
     with Progress(label, total, quiet) as progress:
         for path in files:
-            reader = HashingLineReader(path, offload)
+            reader = HashingLineReader(path, offload, max_line=max_line, count_colons=count_colons)
             readers.append(reader)
             seen = 0
             for first, lines in reader.blocks():
@@ -169,13 +177,17 @@ def _blocks(
 
 
 def _scan(
-    files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer, offload: Offload, quiet: bool
+    files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer, offload: Offload, quiet: bool, max_line: int
 ) -> tuple[_Scan, list[HashingLineReader]]:
     """Pass one: validate and normalize every row, learn the schema and the rows' weights.
 
     A row's weight is its normalized JSON size. Only every `stride`-th cumulative weight is kept
     (at most MAX_MARKS of them, the stride doubling as needed): that is all pass two needs to
-    reproduce the exact weight-balanced cuts while computing weights only near the cuts."""
+    reproduce the exact weight-balanced cuts while computing weights only near the cuts.
+
+    Repeated keys are looked for once per block (`check_keys`), with the key count the schema
+    keeps anyway; a row that fails another check is first checked for a repeated key in the rows
+    up to it, so the error always names the first bad line."""
     schema = SchemaNode()
     add_row = schema.add_row
     normalize = normalizer.normalize
@@ -186,20 +198,36 @@ def _scan(
     next_mark = 1
     weight = 0
     index = 0
-    for reader, first, lines in _blocks("pass 1/2", files, readers, offload, quiet):
+    keys_before = 0
+    for reader, first, lines in _blocks("pass 1/2", files, readers, offload, quiet, max_line, count_colons=True):
         path = reader.path
         base = base_of[path]
-        for lineno, line in enumerate(lines, first):
-            row = normalize(_parse_object(line, path, lineno), base, index, path, lineno)
-            weight += len(dumps(row)) + 1
-            add_row(row, (path, lineno))
-            index += 1
-            if index == next_mark:
-                marks.append(weight)
-                if len(marks) >= MAX_MARKS:
-                    marks = marks[1::2]
-                    stride *= 2
-                next_mark = (len(marks) + 1) * stride
+        try:
+            for lineno, line in enumerate(lines, first):
+                row = normalize(parse_object(line, path, lineno), base, index, path, lineno)
+                weight += len(dumps(row)) + 1
+                add_row(row, (path, lineno))
+                index += 1
+                if index == next_mark:
+                    marks.append(weight)
+                    if len(marks) >= MAX_MARKS:
+                        marks = marks[1::2]
+                        stride *= 2
+                    next_mark = (len(marks) + 1) * stride
+        except (InputError, orjson.JSONEncodeError) as exc:
+            duplicate = first_duplicate_key(lines[: lineno - first + 1], first, path)
+            if duplicate is not None:
+                raise duplicate from None
+            if isinstance(exc, orjson.JSONEncodeError):  # only nesting beyond orjson.dumps's depth gets here
+                raise InputError(
+                    f"objects and lists nested too deeply to write back as JSON ({exc}; orjson writes at most 254 levels)",
+                    path,
+                    lineno,
+                ) from None
+            raise
+        keys_now = schema.keys_seen() - normalizer.added_keys  # keys of the input text so far
+        check_keys(reader.block, lines, first, path, keys_now - keys_before, reader.colons())
+        keys_before = keys_now
     return _Scan(schema, index, weight, marks, stride), readers
 
 
@@ -208,7 +236,7 @@ def _relpath(path: Path, kind: str, root: Path) -> str:
 
 
 def _fingerprint(path: Path, reader: HashingLineReader, kind: str, root: Path) -> InputFile:
-    st = path.stat()
+    st = _stat(path, " (it disappeared while prepare was reading it)")
     return InputFile(
         path=str(path),
         relpath=_relpath(path, kind, root),
@@ -323,6 +351,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False) -> PrepareResult:
     try:
         with Offload() as offload:
             manifest = _build(stage, job, request, recipe, kind, root, files, offload, quiet)
+        crashpoints.reached("prepare-staged")
         if not fsops.rename_dir(stage, job.root):
             existing = _check_existing(job, request, dataset)
             if existing is None:
@@ -353,7 +382,7 @@ def _build(
     normalizer = RowNormalizer(tuple(recipe.media_keys), recipe.index_key, ROW_KEY)
 
     log.info("pass 1/2: validating %d input file(s) under %s", len(files), root)
-    scan, first_readers = _scan(files, base_of, normalizer, offload, quiet)
+    scan, first_readers = _scan(files, base_of, normalizer, offload, quiet, recipe.max_line_bytes)
     offload.drain()
     schema, total_rows = scan.schema, scan.rows
     inputs = [_fingerprint(path, reader, kind, root) for path, reader in zip(files, first_readers)]
@@ -378,10 +407,10 @@ def _build(
         (layout.state / name).mkdir()
 
     log.info("pass 2/2: writing %d shard(s)", request.num_shards)
-    shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, scan, offload, quiet)
+    shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, scan, offload, quiet, recipe.max_line_bytes)
     second_readers = shards.readers
     for before, path, reader in zip(inputs, files, second_readers):
-        st = path.stat()
+        st = _stat(path, " (it disappeared while prepare was reading it)")
         if reader.sha256.hexdigest() != before.sha256 or st.st_size != before.size or st.st_mtime_ns != before.mtime_ns:
             raise InputError("changed while prepare was reading it; rerun prepare when the input is stable", path)
 
@@ -515,6 +544,17 @@ def _cut_windows(scan: _Scan, count: int) -> list[tuple[int, int, int, bool]]:
     return windows
 
 
+class _ShardLineTooLong(Exception):
+    """A row's shard line is over the limit though its input line is not (pass two)."""
+
+    def __init__(self, size: int, limit: int, path: Path, lineno: int):
+        self.size, self.limit, self.path, self.lineno = size, limit, path, lineno
+
+    def error(self) -> InputError:
+        what = "the row's shard line (null-filled missing fields, absolute media paths, row number added)"
+        return line_too_long(self.size, self.limit, self.path, self.lineno, what=what)
+
+
 def _write_shards(
     layout: JobLayout,
     count: int,
@@ -524,12 +564,14 @@ def _write_shards(
     scan: _Scan,
     offload: Offload,
     quiet: bool,
+    max_line: int,
 ) -> _ShardWriter:
     """Pass two: write every row in normalized, schema-shaped form and cut it into shards.
 
     After row r (0-based) of shard i < count-1 a shard is cut when only as many rows are left as
     shards, or when the cumulative weight reached i+1 count-ths of the total while more rows than
-    shards are left."""
+    shards are left. A shard line, not only its input line, must fit the engine's line limit:
+    null-filled fields, absolute media paths and the row number make it longer."""
     total_rows, total_weight = scan.rows, scan.weight
     writer = _ShardWriter(layout, count, offload)
     shape = scan.schema.shaper() or (lambda row: row)
@@ -540,8 +582,9 @@ def _write_shards(
     shard = 0
     boundary = total_weight / count
     row_index = -1
+    max_shard_line = max_line + 1  # with its newline
     try:
-        for reader, first, lines in _blocks("pass 2/2", files, writer.readers, offload, quiet):
+        for reader, first, lines in _blocks("pass 2/2", files, writer.readers, offload, quiet, max_line):
             path = reader.path
             base = base_of[path]
             for lineno, line in enumerate(lines, first):
@@ -550,14 +593,17 @@ def _write_shards(
                     raise InputError("gained rows while prepare was reading it", path, lineno)
                 if row_index >= window_end:
                     window_end, cumulative, window_weight, exact = next(windows)
-                row = normalize(_parse_object(line, path, lineno), base, row_index, path, lineno)
+                row = normalize(parse_object(line, path, lineno), base, row_index, path, lineno)
                 if exact:
                     cumulative += len(dumps(row)) + 1
                 else:
                     cumulative = window_weight
                 shaped = {ROW_KEY: row_index}
                 shaped.update(shape(row))
-                writer.add(dumps(shaped) + b"\n")
+                out = dumps(shaped) + b"\n"
+                if len(out) > max_shard_line:
+                    raise _ShardLineTooLong(len(out) - 1, max_line, path, lineno)
+                writer.add(out)
                 if shard < count - 1:
                     rows_left = total_rows - row_index - 1
                     shards_left = count - shard - 1
@@ -565,6 +611,9 @@ def _write_shards(
                         writer.cut(row_index + 1)
                         shard += 1
                         boundary = total_weight * (shard + 1) / count
+    except _ShardLineTooLong as exc:
+        writer.close()
+        raise exc.error() from None
     except InputError as exc:
         writer.close()
         raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 MEDIA_KEY_DEFAULTS = {"image_key": "images", "audio_key": "audios", "video_key": "videos"}
 PATH_SUFFIXES = ("_path", "_dir", "_file", "_paths", "_dirs")
 GLOBAL_KINDS = ("Deduplicator", "Selector", "Grouper", "Aggregator", "Pipeline")
+# Workers read each shard through Data-Juicer's read_json_stream: pyarrow's JSON reader with the
+# recipe's read_options, else pyarrow's default ReadOptions().block_size of 1 MiB. A line longer
+# than the block size may straddle two blocks and fail the read (measured: lines up to the block
+# size always read, longer ones fail depending on where they fall), so it is the longest line
+# prepare accepts. Data-Juicer does not retry with larger blocks as Ray's own read_json does.
+DEFAULT_READ_BLOCK_SIZE = 1 << 20
+MAX_READ_BLOCK_SIZE = (1 << 31) - 1  # pyarrow keeps block_size in an int32
 
 
 @dataclass
@@ -34,17 +41,18 @@ class Recipe:
     media_keys: list[str]
     index_key: str | None
     warnings: list[str] = field(default_factory=list)
+    max_line_bytes: int = DEFAULT_READ_BLOCK_SIZE  # the longest input/shard line the engine reads
 
     @property
     def ops(self) -> list[tuple[str, dict[str, Any]]]:
-        return [_op_entry(item, i) for i, item in enumerate(self.config["process"])]
+        return [_op_entry(item, i, self.source) for i, item in enumerate(self.config["process"])]
 
 
 def dump_config(config: dict[str, Any]) -> bytes:
     return yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode()
 
 
-def _op_entry(item: Any, position: int) -> tuple[str, dict[str, Any]]:
+def _op_entry(item: Any, position: int, source: Path) -> tuple[str, dict[str, Any]]:
     if isinstance(item, str):
         return item, {}
     if isinstance(item, dict) and len(item) == 1:
@@ -53,7 +61,7 @@ def _op_entry(item: Any, position: int) -> tuple[str, dict[str, Any]]:
             params = {}
         if isinstance(name, str) and isinstance(params, dict):
             return name, params
-    raise RecipeError(f"process[{position}] must be an operator name or a one-key mapping of name to parameters")
+    raise RecipeError(f"{source}: process[{position}] must be an operator name or a one-key mapping of name to parameters")
 
 
 def read_recipe(path: Path) -> tuple[dict[str, Any], str]:
@@ -143,6 +151,7 @@ def validate(recipe: Recipe) -> None:
                 else "an operator error fails the attempt"
             )
         )
+    recipe.max_line_bytes = _read_block_size(config, where)
     for key, default in MEDIA_KEY_DEFAULTS.items():
         value = config.get(key, default)
         if not isinstance(value, str) or not value:
@@ -183,6 +192,19 @@ def validate(recipe: Recipe) -> None:
     if len(index_keys) > 1:
         raise RecipeError(f"{where}: operators declare different index_key values {sorted(index_keys)}; use one")
     recipe.index_key = index_keys.pop() if index_keys else None
+
+
+def _read_block_size(config: dict[str, Any], where: str) -> int:
+    """The block size the engine's JSON reader will use for this recipe's shards."""
+    options = config.get("read_options")
+    if options is not None and not isinstance(options, dict):
+        raise RecipeError(f"{where}: read_options must be a mapping of pyarrow JSON read options, such as block_size")
+    if not options or "block_size" not in options:
+        return DEFAULT_READ_BLOCK_SIZE
+    size = options["block_size"]
+    if type(size) is not int or not 1 <= size <= MAX_READ_BLOCK_SIZE:
+        raise RecipeError(f"{where}: read_options.block_size must be a number of bytes from 1 to {MAX_READ_BLOCK_SIZE}")
+    return size
 
 
 def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], where: str) -> None:

@@ -1,7 +1,9 @@
 """On-disk records of a job directory, as dataclasses, and their JSON encoding.
 
 Every record is written whole (create-once or atomic replace, see `fsops`), so a reader sees
-either nothing or a complete record. Decoding validates types and names the file on error.
+either nothing or a complete record. Decoding validates types and names the file on error, and
+every field that becomes part of a path (shard and attempt ids, tokens) against its pattern, so a
+record can never lead the tool outside the job directory.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from . import fsops
 from .errors import JobStateError
 
 FORMAT_VERSION = 1
@@ -24,6 +27,14 @@ ROW_KEY = "__elastic_row__"
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 ATTEMPT_ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]{1,80}-[0-9a-f]{8}$")
 TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")
+# Fields that name files or directories (attempt dirs, stale-lock names); checked on every decode.
+PATH_FIELDS = {
+    "shard_id": ("shard id", SHARD_ID_RE),
+    "attempt_id": ("attempt id", ATTEMPT_ID_RE),
+    "last_attempt_id": ("attempt id", ATTEMPT_ID_RE),
+    "token": ("token", TOKEN_RE),
+    "by_token": ("token", TOKEN_RE),
+}
 
 R = TypeVar("R")
 
@@ -77,7 +88,10 @@ def from_dict(cls: type[R], data: Any, where: str = "record") -> R:
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+            value = kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+            checked = PATH_FIELDS.get(f.name)
+            if checked is not None and isinstance(value, str) and not checked[1].match(value):
+                raise ValueError(f"{where}.{f.name}: {value!r} is not a valid {checked[0]}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ValueError(f"{where}: missing field {f.name!r}")
     return cls(**kwargs)
@@ -93,11 +107,13 @@ def decode(cls: type[R], data: bytes, path: Path | str) -> R:
 
 
 def load(cls: type[R], path: Path) -> R:
-    """Read a required record; a missing or corrupt one is a job-state error."""
+    """Read a required record; a missing, corrupt or symlinked one is a job-state error."""
     try:
-        return decode(cls, path.read_bytes(), path)
+        return decode(cls, fsops.read_bytes_nofollow(path), path)
     except FileNotFoundError:
         raise JobStateError(f"{path}: missing") from None
+    except fsops.LinkRefused as exc:
+        raise JobStateError(str(exc)) from None
     except ValueError as exc:
         raise JobStateError(f"corrupt record {exc}") from None
 

@@ -59,10 +59,8 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
     for view in chosen:
         shard_id = view.shard_id
         target = archive / shard_id
-        target.mkdir()
-        attempts = layout.attempts_dir(shard_id)
-        if attempts.exists():
-            fsops.rename_away(attempts, target / "attempts")
+        fsops.ensure_dir(target)
+        fsops.rename_away(layout.attempts_dir(shard_id), target / "attempts")
         fsops.rename_away(layout.failed(shard_id), target / "failed.json")
         fsops.rename_away(layout.lock(shard_id), target / "lock.json")
         requeued.append(shard_id)

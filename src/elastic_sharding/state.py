@@ -3,22 +3,27 @@
 A one-shot reader cannot watch a heartbeat for a whole lease, so `stale` here is an estimate
 from the owner's recorded heartbeat time against this machine's clock, labelled as such.
 Workers never use it to take a claim over.
+
+A symbolic link planted where a record or an attempt directory belongs is never followed: here it
+reads as a missing record (with a warning); merge and verify re-read what they need strictly.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import fsops
-from .layout import JobLayout, attempt_files
-from .lease import DONE, FAILED, attempt_failure, count_failures, read_attempt, read_claim, read_heartbeat
+from .layout import JobLayout, attempt_files, attempt_ids
+from .lease import DONE, FAILED, attempt_failure, count_failures, read_attempt, read_claim, read_claim_heartbeat, read_heartbeat
 from .records import ClaimRecord, CompletionRecord, FailureRecord, Heartbeat, Manifest, ShardSpec, decode
 
 PENDING, RUNNING, STALE = "pending", "running", "stale"
 STATES = (PENDING, RUNNING, STALE, DONE, FAILED)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,6 +58,9 @@ class ShardView:
 def _read(path: Path, cls: type) -> object | None:
     try:
         return fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2)
+    except fsops.LinkRefused as exc:
+        log.warning("ignoring %s", exc)
+        return None
     except ValueError:
         return None
 
@@ -60,6 +68,9 @@ def _read(path: Path, cls: type) -> object | None:
 def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
     try:
         return read_claim(layout, shard_id)
+    except fsops.LinkRefused as exc:
+        log.warning("ignoring %s", exc)
+        return None
     except ValueError:
         return None
 
@@ -93,7 +104,7 @@ def _build_view(
     elif claim is None:
         state = PENDING
     else:
-        heartbeat = read_heartbeat(layout.attempt_dir(shard_id, claim.attempt_id))
+        heartbeat = read_claim_heartbeat(layout, claim)
         last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == claim.token else claim.claimed_at
         age = max(0.0, now - last_seen)
         state = STALE if age > lock_timeout else RUNNING
@@ -166,7 +177,7 @@ def _attempt_view(
     if record is None:
         return None
     files = attempt_files(attempt_dir)
-    superseded = record.status != "succeeded" and files["superseded"].exists()
+    superseded = record.status != "succeeded" and fsops.lexists(files["superseded"])
     heartbeat = read_heartbeat(attempt_dir) if record.status == "running" or record.finished_at is None else None
     last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == record.token else record.started_at
     outcome = record.status
@@ -207,17 +218,32 @@ def _phase_secs(heartbeat: Heartbeat | None) -> float | None:
     return max(0.0, heartbeat.wall_time - heartbeat.phase_since)
 
 
-def _listdir(path: Path) -> list[str]:
+def _subdirs(path: Path) -> list[str]:
+    """Real subdirectories of `path`, sorted; links (and `path` being one) are skipped, with a warning."""
     try:
-        return sorted(os.listdir(path))
+        entries = fsops.list_dir(path)
+    except fsops.LinkRefused as exc:
+        log.warning("ignoring %s", exc)
+        return []
     except (FileNotFoundError, NotADirectoryError):
         return []
+    for name, kind in entries.items():
+        if kind == "link":
+            log.warning("ignoring %s", fsops.LinkRefused(path / name))
+    return sorted(name for name, kind in entries.items() if kind == "dir")
 
 
 def _attempts_in(
     root: Path, spec: ShardSpec, claim: ClaimRecord | None, lock_timeout: float, now: float, archive: str | None
 ) -> list[AttemptView]:
-    views = (_attempt_view(root / name, spec, claim, lock_timeout, now, archive) for name in _listdir(root))
+    try:
+        names = attempt_ids(root)
+    except fsops.LinkRefused as exc:
+        log.warning("ignoring %s", exc)
+        return []
+    except NotADirectoryError:
+        return []
+    views = (_attempt_view(root / name, spec, claim, lock_timeout, now, archive) for name in names)
     return [view for view in views if view is not None]
 
 
@@ -229,8 +255,8 @@ def job_snapshot(
     now = time.time() if now is None else now
     specs = {spec.shard_id: spec for spec in manifest.shards}
     attempts: list[AttemptView] = []
-    for archive in _listdir(layout.history):
-        for shard_id in _listdir(layout.history / archive):
+    for archive in _subdirs(layout.history):
+        for shard_id in _subdirs(layout.history / archive):
             if shard_id in specs:
                 root = layout.history / archive / shard_id / "attempts"
                 attempts += _attempts_in(root, specs[shard_id], None, lock_timeout, now, archive)

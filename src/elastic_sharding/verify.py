@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import fsops
 from .errors import IntegrityError, JobStateError
 from .layout import JobLayout
 from .merge import completed_outputs
@@ -40,7 +41,7 @@ def verify_shards(layout: JobLayout, expect_nodes: int = 1) -> tuple[int, list[s
 
 def verify_merged(layout: JobLayout, target: Path) -> MergeRecord:
     """`target` is the merge that `merge.json` describes, byte for byte."""
-    if not layout.merge_record.exists():
+    if not fsops.lexists(layout.merge_record):
         raise JobStateError(f"{target}: no merge.json in the job directory; run merge first")
     merged = load(MergeRecord, layout.merge_record)
     if os.path.abspath(merged.output) != str(target):
@@ -61,7 +62,7 @@ def verify(job_dir: Path, expect_nodes: int = 1, output: Path | None = None) -> 
     count, hosts = verify_shards(layout, expect_nodes)
     target = Path(os.path.abspath(output)) if output is not None else layout.default_output
     checked = None
-    if output is not None or target.exists():
+    if output is not None or fsops.lexists(target):
         verify_merged(layout, target)
         checked = target
     return VerifyResult(count, hosts, checked)

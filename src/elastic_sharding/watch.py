@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from . import prometheus
+from . import fsops, prometheus
 from .errors import EXIT_INCOMPLETE
 from .layout import JobLayout
 from .report import Status
@@ -51,7 +51,7 @@ def watch_status(
     code = EXIT_INCOMPLETE
     manifest = JobLayout(Path(os.path.abspath(job_dir))).manifest
     try:
-        while not manifest.exists():
+        while not fsops.lexists(manifest):
             # Started before `prepare` finished (a launcher's first minutes): wait for the job. On
             # stderr, so that stdout stays the view (or one JSON object per line).
             sys.stderr.write(f"{time.strftime('%H:%M:%S')} {job_dir}: waiting for prepare to publish the job\n")

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from . import fsops
+from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import EXIT_ERROR, EXIT_OK, AttemptFailed, JobStateError, VersionMismatchError
 from .layout import JobLayout, attempt_files
@@ -31,7 +31,7 @@ from .lease import (
     StalenessObserver,
     count_failures,
     read_claim,
-    read_heartbeat,
+    read_claim_heartbeat,
 )
 from .output import collect
 from .prepare import validate_settings
@@ -88,8 +88,9 @@ def check_engine(manifest: Manifest, allow_mismatch: bool) -> None:
 
 
 def sha256_file(path: Path) -> str:
+    """sha256 of a file inside the job directory (a symbolic link raises LinkRefused, unread)."""
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
+    with fsops.open_read(path, buffering=0) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -240,11 +241,11 @@ class Worker:
                 log.warning("unreadable claim of %s (%s); skipping it this round", shard_id, exc)
                 continue
             if record is None:
-                if self.layout.done(shard_id).exists():
+                if fsops.lexists(self.layout.done(shard_id)):
                     self.claims.try_claim(shard_id, status=DONE)
                     self.terminal[shard_id] = DONE
                     continue
-                if self.layout.failed(shard_id).exists():
+                if fsops.lexists(self.layout.failed(shard_id)):
                     self.terminal[shard_id] = FAILED
                     return None, [shard_id]
                 claim = self.claims.try_claim(shard_id)
@@ -257,16 +258,15 @@ class Worker:
                 if record.status == FAILED:
                     return None, [shard_id]
                 continue
-            heartbeat = read_heartbeat(self.layout.attempt_dir(shard_id, record.attempt_id))
+            heartbeat = read_claim_heartbeat(self.layout, record)
             seq = heartbeat.seq if heartbeat is not None and heartbeat.token == record.token else 0
             if not self.observer.is_stale(shard_id, record.token, seq):
                 continue
             unchanged = self.observer.unchanged_for(shard_id)
             self.observer.forget(shard_id)
-            if self.layout.done(shard_id).exists():
+            if fsops.lexists(self.layout.done(shard_id)):
                 # Completed, but its owner died before recording it in the claim (P6 repair).
-                if self.claims.take_over(record, unchanged):
-                    self.claims.try_claim(shard_id, status=DONE)
+                self.claims.repair_done(record, unchanged)
                 self.terminal[shard_id] = DONE
                 continue
             if self.claims.take_over(record, unchanged):
@@ -278,7 +278,11 @@ class Worker:
 
     def _within_retry_limit(self, claim: Claim) -> bool:
         """After acquiring: a shard whose failures already reached the limit becomes terminal."""
-        failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
+        try:
+            failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
+        except OSError:  # attempts/<shard> is a planted link (or unreadable): refuse, holding nothing
+            self.claims.release(claim)
+            raise
         if failures <= self.settings.max_retries:
             return True
         log.error(
@@ -300,10 +304,17 @@ class Worker:
 
         Returns None when the attempt already failed here (recorded like any failed attempt).
         """
+        crashpoints.reached("claimed")
         spec = self.manifest.shard(claim.shard_id)
         attempt_dir = self.layout.attempt_dir(claim.shard_id, claim.attempt_id)
-        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
-        if not fsops.make_dir_exclusive(attempt_dir):
+        try:
+            fsops.ensure_dir(attempt_dir.parent)
+            created = fsops.make_dir_exclusive(attempt_dir)
+        except OSError:
+            self.claims.release(claim)
+            raise
+        if not created:
+            self.claims.release(claim)
             raise JobStateError(f"attempt directory {attempt_dir} already exists")
         files = attempt_files(attempt_dir)
         record = AttemptRecord(
@@ -338,6 +349,7 @@ class Worker:
         try:
             heartbeat.beat()
             heartbeat.start()
+            crashpoints.reached("staged")
             self._check_input(ctx, spec)
             return _Staged(claim, spec, record, ctx, heartbeat)
         except AttemptFailed as exc:
@@ -387,9 +399,11 @@ class Worker:
                 finished_at=time.time(),
             )
             record = replace(record, output_rows=stats.rows, output_bytes=stats.bytes, output_sha256=stats.sha256)
+            crashpoints.reached("publishing")
             if not self.claims.publish_completion(claim, completion):
                 ctx.stop("claim lost before publishing")
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
+            crashpoints.reached("published")
             self.claims.finish(claim, DONE)
             self.completed += 1
             self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
@@ -508,10 +522,11 @@ class Worker:
 
     def _job_recipe(self) -> dict[str, Any]:
         try:
-            config: dict[str, Any] = yaml.safe_load(self.layout.recipe.read_bytes())
+            raw = fsops.read_bytes_nofollow(self.layout.recipe)
+            config: dict[str, Any] = yaml.safe_load(raw)
         except (OSError, yaml.YAMLError) as exc:
             raise JobStateError(f"cannot read the job's recipe {self.layout.recipe}: {exc}") from None
-        if sha256_file(self.layout.recipe) != self.manifest.recipe_sha256:
+        if hashlib.sha256(raw).hexdigest() != self.manifest.recipe_sha256:
             raise JobStateError(f"{self.layout.recipe} was modified after prepare (sha256 differs from the manifest)")
         return config
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import fsops
+from .. import crashpoints, fsops
 from ..errors import EXIT_ERROR, Aborted, ElasticShardError, Interrupted, UsageError
 from ..lease import LeaseKeeper, StalenessObserver, new_token, read_heartbeat_file, remove_if_token
 from ..records import Heartbeat, Outcome, PhaseLock, PhaseResult, RunRecord, decode, encode
@@ -39,6 +40,7 @@ RUN_ID_VARIABLES = ("PAI_JOB_ID", "DLC_JOB_ID", "JOB_ID")
 PREPARE, FINALIZE = "prepare", "finalize"
 MAX_COORDINATOR_HEARTBEAT = 10.0
 PROGRESS_LOG_SECS = 60.0
+RUN_HASH_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 def resolve_run_id(explicit: str | None, environ: Mapping[str, str]) -> str:
@@ -95,7 +97,10 @@ class Generation:
         return self.root / f"{phase}-result.json"
 
     def open(self) -> None:
-        (self.root / "stale").mkdir(parents=True, exist_ok=True)
+        """Create the generation's directory; a link planted at any level of it is refused."""
+        fsops.ensure_dir(self.root.parent, parents=True)
+        fsops.ensure_dir(self.root)
+        fsops.ensure_dir(self.root / "stale")
         record = RunRecord(self.run_id, str(self.job_dir), f"{self.host}:{os.getpid()}", time.time())
         fsops.publish_once(self.path("run.json"), encode(record))
 
@@ -273,6 +278,7 @@ def _coordinate(gen: Generation, lock: PhaseLock, work: Callable[[], tuple[str, 
     keeper = _PhaseKeeper(gen, lock, coordinator_heartbeat(lease), lease)
     keeper.beat()
     keeper.start()
+    crashpoints.reached(f"phase-locked:{lock.phase}")
     try:
         message, details = work()
         details = {**details, "pid": os.getpid()}
@@ -291,6 +297,7 @@ def _coordinate(gen: Generation, lock: PhaseLock, work: Callable[[], tuple[str, 
         log.exception("the DLC %s phase crashed", lock.phase)
     finally:
         keeper.stop()
+    crashpoints.reached(f"phase-done:{lock.phase}")
     published = gen.publish_result(result)
     if not published.ok:
         gen.publish_abort(lock.phase, published.exit_code, published.message)
@@ -298,14 +305,15 @@ def _coordinate(gen: Generation, lock: PhaseLock, work: Callable[[], tuple[str, 
 
 
 def generations(job_dir: Path) -> list[dict[str, Any]]:
-    """A summary of every submission's coordination state, for `status` (read-only)."""
+    """A summary of every submission's coordination state, for `status` (read-only). Only real
+    directories named like run hashes are read; links are never followed."""
     root = coordination_root(job_dir)
     try:
-        names = sorted(os.listdir(root))
+        entries = fsops.list_dir(root)
     except OSError:
         return []
     summary = []
-    for name in names:
+    for name in sorted(name for name, kind in entries.items() if kind == "dir" and RUN_HASH_RE.match(name)):
         directory = root / name
         try:
             run = _read(directory / "run.json", RunRecord)

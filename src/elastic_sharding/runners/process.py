@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import fsops
 from ..errors import AttemptFailed
 from .base import AttemptContext, NodeRuntime
 from .lifeline import Lifeline
@@ -66,7 +67,7 @@ def start_child(
     lifeline once the group has been stopped."""
     lifeline = Lifeline()
     try:
-        with open(log_path, "ab") as log_file:
+        with fsops.open_append(log_path) as log_file:
             log_file.write(f"# {' '.join(command)}\n".encode())
             log_file.flush()
             proc = subprocess.Popen(
@@ -116,7 +117,7 @@ def last_error_line(log_path: Path) -> str:
     those wrappers.
     """
     try:
-        with open(log_path, "rb") as handle:
+        with fsops.open_read(log_path) as handle:
             handle.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
             lines = handle.read().decode("utf-8", "replace").splitlines()
     except OSError:

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from .. import fsops
 from ..errors import AttemptFailed
 from .base import AttemptContext, NodeRuntime
 from .process import last_error_line, start_child, stop_process_group
@@ -194,7 +195,7 @@ class WarmRunner:
             self._discard(f"it exited with code {self._server.proc.returncode} between shards")
         server = self._server or self._start(ctx)
         server.shards += 1
-        with open(ctx.log_path, "ab") as log_file:
+        with fsops.open_append(ctx.log_path) as log_file:
             log_file.write(
                 f"# warm runtime pid {server.pid} #{server.number}, shard {server.shards} in it; "
                 f"runtime log {server.log_path}\n".encode()

@@ -1,0 +1,730 @@
+"""Randomized fault-injection trials on the GlusterFS test cluster: `scripts/faults`.
+
+Every trial starts from a freshly prepared job on the shared volume, runs workers (the fast fake
+processor from `fakes.py`, in real processes, one per simulated node) and injects one fault:
+
+  kill        SIGKILL a worker at a named crash point (claimed, staged, processing, collecting,
+              publishing, published) or at a random moment; sometimes restart it on its node
+  kill-merge  SIGKILL `merge` while it writes; the previous output must be untouched
+  stall       SIGSTOP a worker mid-shard for two leases, then SIGCONT: it must not publish
+  partition   cut a node off the volume mid-shard, heal it later: it must not publish
+  client-kill kill a node's glusterfs client mid-shard: its worker must fail safe
+  drain       SIGTERM or SIGINT to a worker mid-shard: it hands the shard back at once (nobody
+              waits a lease) and exits with code 2
+  skew        workers with clocks ±1 h off (libfaketime) and one worker killed: no live claim
+              stolen, the dead one taken over
+  coordinator `dlc` instances, one of which dies at a crash point of the prepare or finalize phase
+  corrupt     a shard input, an attempt output or a completion record damaged: detected, merge
+              refuses, the previous output untouched
+  enospc      the job dir on a tiny tmpfs: prepare, attempt output or merge runs out of space;
+              clear error, nothing half-published, then the job recovers once space is back
+
+After the fault the job is driven to its end the way a user would (surviving workers finish it,
+or the same command is rerun) and the merged output is compared with a clean single-worker run:
+rows lost, rows duplicated and byte-identity are counted. Trials that must end in a clean failure
+(corruption, no space) check the error instead and count as clean failures.
+
+Seeded and reproducible in what it chooses (kinds, victims, crash points, delays); the exact
+moment a random kill lands still depends on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(SRC))
+
+import orjson  # noqa: E402
+from cluster import Cluster, Node, cluster_available  # noqa: E402
+from conftest import SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
+from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
+
+from elastic_sharding.merge import merge  # noqa: E402
+from elastic_sharding.prepare import PrepareRequest, prepare  # noqa: E402
+from elastic_sharding.records import Settings  # noqa: E402
+from elastic_sharding.worker import Worker, WorkerOptions  # noqa: E402
+
+PY = sys.executable
+LEASE, HEARTBEAT, POLL = 3.0, 0.3, 0.2
+ROWS = 90
+KINDS = {
+    "kill": 5,
+    "kill-merge": 1,
+    "stall": 2,
+    "partition": 2,
+    "client-kill": 1,
+    "drain": 1,
+    "skew": 2,
+    "coordinator": 2,
+    "corrupt": 2,
+    "enospc": 1,
+}
+CRASH_POINTS = ("claimed", "staged", "processing", "collecting", "publishing", "published")
+COORDINATOR_POINTS = (
+    "phase-locked:prepare",
+    "prepare-staged",
+    "phase-done:prepare",
+    "phase-locked:finalize",
+    "merging",
+    "phase-done:finalize",
+)
+FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
+INSPECT = r"""
+import json, os, sys
+job = sys.argv[1]
+def load(path):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+def names(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+out = {"done": {}, "claims": {}, "attempts": {}}
+for kind, folder in (("done", "done"), ("claims", "locks")):
+    for name in names(f"{job}/state/{folder}"):
+        if name.endswith(".json"):
+            out[kind][name[:-5]] = load(f"{job}/state/{folder}/{name}")
+for shard in names(f"{job}/attempts"):
+    for attempt in names(f"{job}/attempts/{shard}"):
+        base = f"{job}/attempts/{shard}/{attempt}"
+        record = load(f"{base}/attempt.json") or {}
+        beat = load(f"{base}/heartbeat.json") or {}
+        out["attempts"][attempt] = {"shard": shard, "status": record.get("status"), "pid": record.get("pid"),
+            "host": record.get("host"), "superseded": os.path.exists(f"{base}/superseded.json"),
+            "phase": beat.get("phase"), "started_at": record.get("started_at")}
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Template:
+    """A job prepared once on local disk and copied onto the volume for each trial."""
+
+    shards: int
+    job: Path
+    reference: bytes
+
+
+@dataclass
+class Outcome:
+    kind: str
+    detail: str
+    counts: Counter = field(default_factory=Counter)
+    identical: bool | None = None
+    clean_failure: bool | None = None
+    rows_lost: int = 0
+    rows_duplicated: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def check(self, condition: bool, problem: str) -> None:
+        if not condition:
+            self.problems.append(problem)
+
+
+class Harness:
+    def __init__(self, cluster: Cluster, workdir: Path):
+        self.cluster = cluster
+        self.workdir = workdir
+        self.data = write_jsonl(workdir / "input.jsonl", sample_rows(ROWS))
+        self.recipe = workdir / "recipe.yaml"
+        self.recipe.write_text(SIMPLE_RECIPE.format(dataset=self.data))
+        self.templates = {n: self._template(n) for n in (3, 4, 6)}
+        references = {t.reference for t in self.templates.values()}
+        if len(references) != 1:
+            raise AssertionError("clean runs with different shard counts disagree: determinism is broken")
+        self.reference = references.pop()
+        self.expected_ids = [orjson.loads(line)["id"] for line in self.reference.splitlines()]
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _template(self, shards: int) -> Template:
+        job = self.workdir / f"template-{shards}"
+        settings = Settings(
+            lock_timeout_secs=LEASE,
+            max_retries=6,
+            poll_interval_secs=POLL,
+            heartbeat_interval_secs=HEARTBEAT,
+            ray_address="local",
+        )
+        prepare(PrepareRequest(self.recipe, None, job, shards, settings), quiet=True)
+        clean = self.workdir / f"clean-{shards}"
+        shutil.copytree(job, clean, symlinks=True)
+        if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
+            raise AssertionError("the clean reference run failed")
+        out = self.workdir / f"clean-{shards}.jsonl"
+        merge(clean, out)
+        return Template(shards, job, out.read_bytes())
+
+    def node(self, index: int) -> Node:
+        return self.cluster.nodes[index % len(self.cluster.nodes)]
+
+    def fresh_job(self, name: str, shards: int) -> Path:
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(self.templates[shards].job), str(job)], check=True)
+        return job
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PYTHONPATH": f"{SRC}{os.pathsep}{TESTS}", "PYTHONUNBUFFERED": "1", **extra}
+
+    def worker(self, node: Node, job: Path, log: Path, delay: float, env: dict[str, str] | None = None) -> subprocess.Popen:
+        handle = open(log, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            return node.popen(
+                [PY, str(TESTS / "fake_worker.py"), str(job), "--delay", f"{delay:.2f}", "--keep-fake-recipe"],
+                env=self.env(**(env or {})),
+                stdout=subprocess.DEVNULL,
+                stderr=handle,
+            )
+        finally:
+            handle.close()
+
+    def inspect(self, job: Path) -> dict:
+        proc = self.node(0).run([PY, "-c", INSPECT, str(job)], check=True, timeout=60)
+        return json.loads(proc.stdout)
+
+    def cli(self, node: Node, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+        return node.run([PY, "-m", "elastic_sharding", *args], env=self.env(**(env or {})), timeout=timeout)
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def compare(self, outcome: Outcome, merged: bytes) -> None:
+        got = [orjson.loads(line)["id"] for line in merged.splitlines()]
+        outcome.rows_lost = len(set(self.expected_ids) - set(got))
+        outcome.rows_duplicated = len(got) - len(set(got))
+        outcome.identical = merged == self.reference
+        outcome.check(outcome.identical, "merged output differs from the clean run")
+
+    def finish_and_compare(self, outcome: Outcome, job: Path, log: Path, workers: list[subprocess.Popen]) -> dict:
+        """Wait for the running workers, rerun one if the job is not done, merge, compare."""
+        for proc in workers:
+            wait(proc, 180)
+        status = self.cli(self.node(1), "status", "--job-dir", str(job))
+        if status.returncode != 0:
+            outcome.counts["reruns"] += 1
+            rerun = self.worker(self.node(1), job, log, 0.0)
+            outcome.check(wait(rerun, 180) == 0, "a rerun worker did not complete the job")
+        out = job.parent / "merged.jsonl"
+        proc = self.cli(self.node(2), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
+        outcome.check(proc.returncode == 0, f"merge failed: {last_line(proc.stderr)}")
+        if proc.returncode == 0:
+            self.compare(outcome, self.node(2).read_bytes(out))
+        state = self.inspect(job)
+        for shard, done in state["done"].items():
+            attempt = state["attempts"].get(done["attempt_id"]) if done else None
+            outcome.check(attempt is not None and attempt["status"] == "succeeded", f"{shard}: published attempt not succeeded")
+        return state
+
+    # -- trials ---------------------------------------------------------------------------------
+
+    def run_trial(self, index: int, rng: random.Random, kind: str | None = None) -> Outcome:
+        kind = kind or rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        name = f"trial-{index:04d}"
+        log_dir = self.workdir / name
+        log_dir.mkdir()
+        outcome = getattr(self, "trial_" + kind.replace("-", "_"))(name, log_dir, rng)
+        if not outcome.problems:
+            self.node(0).run(["rm", "-rf", str(self.cluster.mount / name)])
+            shutil.rmtree(log_dir, ignore_errors=True)
+        return outcome
+
+    def _start(
+        self,
+        name: str,
+        log_dir: Path,
+        rng: random.Random,
+        delay: float,
+        envs: dict[int, dict] | None = None,
+        victim: int | None = None,
+    ) -> tuple[Path, list[subprocess.Popen], dict | None]:
+        """A fresh job with a worker on every node. With `victim`, that worker starts first and the
+        others only once it is mid-shard, which is returned (its claim record and shard)."""
+        job = self.fresh_job(name, rng.choice(list(self.templates)))
+        envs = envs or {}
+        workers: list[subprocess.Popen | None] = [None] * len(self.cluster.nodes)
+        held = None
+        if victim is not None:
+            workers[victim] = self.worker(self.node(victim), job, log_dir / f"worker-{victim}.log", delay, envs.get(victim))
+            held = self._held(job, workers[victim].pid)
+        for i, node in enumerate(self.cluster.nodes):
+            if workers[i] is None:
+                workers[i] = self.worker(node, job, log_dir / f"worker-{i}.log", delay, envs.get(i))
+        return job, workers, held
+
+    def trial_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        victim = rng.randrange(len(self.cluster.nodes))
+        delay = rng.uniform(0.3, 1.2)
+        if rng.random() < 0.7:
+            point = f"{rng.choice(CRASH_POINTS)}@{rng.choice((1, 1, 2))}"
+            outcome = Outcome("kill", f"worker {victim} at {point}")
+            job, workers, _ = self._start(name, log_dir, rng, delay, {victim: {"ELASTIC_SHARD_CRASH_AT": point}})
+            if wait(workers[victim], 120) == -signal.SIGKILL:
+                outcome.counts["kills"] += 1
+        else:
+            after = rng.uniform(0.2, 4.0)
+            outcome = Outcome("kill", f"worker {victim} after {after:.1f}s")
+            job, workers, _ = self._start(name, log_dir, rng, delay)
+            time.sleep(after)
+            if workers[victim].poll() is None:
+                workers[victim].kill()
+                outcome.counts["kills"] += 1
+            workers[victim].wait()
+        if rng.random() < 0.5:
+            outcome.counts["restarts"] += 1
+            workers[victim] = self.worker(self.node(victim), job, log_dir / "restarted.log", delay)
+        self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        return outcome
+
+    def trial_kill_merge(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        outcome = Outcome("kill-merge", "merge killed while writing")
+        job, workers, _ = self._start(name, log_dir, rng, 0.2)
+        for proc in workers:
+            wait(proc, 120)
+        out = job.parent / "merged.jsonl"
+        previous = b'{"previous": "output"}\n'
+        self.node(0).run(["sh", "-c", f"printf '%s\\n' '{previous.decode().strip()}' > {out}"], check=True)
+        nth = rng.choice((1, 2))
+        proc = self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite",
+                        env={"ELASTIC_SHARD_CRASH_AT": f"merging@{nth}"})  # fmt: skip
+        if proc.returncode == -signal.SIGKILL:
+            outcome.counts["kills"] += 1
+        outcome.check(self.node(1).read_bytes(out) == previous, "a killed merge changed the previous output")
+        leftovers = [p for p in self.node(1).run(["ls", "-a", str(out.parent)]).stdout.split() if ".tmp-" in p]
+        outcome.counts["merge_temp_leftovers"] += len(leftovers)  # a SIGKILL cannot clean up; the next merge must not mind
+        self.finish_and_compare(outcome, job, log_dir / "finish.log", [])
+        return outcome
+
+    def _held(self, job: Path, pid: int, timeout: float = 30) -> dict | None:
+        """The running claim `pid` holds once its attempt is processing (None if it never gets there)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.inspect(job)
+            for shard, claim in state["claims"].items():
+                if claim and claim.get("pid") == pid and claim.get("status") == "running":
+                    attempt = state["attempts"].get(claim["attempt_id"], {})
+                    if attempt.get("phase") == "processing":
+                        return {"shard": shard, **claim}
+            time.sleep(0.1)
+        return None
+
+    def _lost_claim_trial(self, kind: str, name: str, log_dir: Path, rng: random.Random, victim: int, fault, recover) -> Outcome:
+        """Start workers on slow shards, hit `victim` mid-shard with `fault`, `recover`, and check
+        that the victim never published the shard it held (unless it did so before the fault)."""
+        outcome = Outcome(kind, f"{self.node(victim).name}")
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(1.5, 3.0), victim=victim)
+        time.sleep(rng.uniform(0, 0.3))
+        fault(workers[victim], outcome)
+        before = self.inspect(job)["done"]
+        recover(workers[victim], outcome)
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        if held is None:
+            outcome.problems.append(f"the {kind} victim never held a shard mid-processing")
+        elif (before.get(held["shard"]) or {}).get("token") != held["token"]:
+            done = state["done"].get(held["shard"]) or {}
+            outcome.check(
+                done.get("token") != held["token"], f"{held['shard']}: the {kind} worker published after losing its claim"
+            )
+        return outcome
+
+    def trial_stall(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
+            proc.send_signal(signal.SIGSTOP)
+            outcome.counts["stalls"] += 1
+
+        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+            time.sleep(2 * LEASE + 1)
+            proc.send_signal(signal.SIGCONT)
+
+        return self._lost_claim_trial("stall", name, log_dir, rng, rng.randrange(len(self.cluster.nodes)), fault, recover)
+
+    def trial_partition(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        node = self.node(rng.randrange(1, len(self.cluster.nodes)))
+
+        def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
+            node.partition()
+            outcome.counts["partitions"] += 1
+
+        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+            try:
+                time.sleep(rng.uniform(2 * LEASE, 4 * LEASE))
+            finally:
+                node.heal()
+
+        return self._lost_claim_trial("partition", name, log_dir, rng, self.cluster.nodes.index(node), fault, recover)
+
+    def trial_client_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        node = self.node(rng.randrange(1, len(self.cluster.nodes)))
+
+        def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
+            node.kill_client()
+            outcome.counts["client_kills"] += 1
+
+        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+            try:
+                code = wait(proc, 60)
+                outcome.check(code not in (0, None), f"the cut-off worker exited {code} instead of failing")
+            finally:
+                node.remount()
+
+        return self._lost_claim_trial("client-kill", name, log_dir, rng, self.cluster.nodes.index(node), fault, recover)
+
+    def trial_drain(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        victim = rng.randrange(len(self.cluster.nodes))
+        sig = rng.choice((signal.SIGTERM, signal.SIGINT))
+        outcome = Outcome("drain", f"{sig.name} to worker {victim} mid-shard")
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(2.0, 4.0), victim=victim)
+        sent = time.monotonic()
+        workers[victim].send_signal(sig)
+        code = wait(workers[victim], 60)
+        outcome.counts["drains"] += 1
+        outcome.check(code == 2, f"a drained worker exited {code}, not 2")
+        outcome.check(time.monotonic() - sent < LEASE, "draining took longer than a lease")
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        if held is not None:
+            attempt = state["attempts"].get(held["attempt_id"], {})
+            outcome.check(attempt.get("status") == "interrupted", f"the drained attempt is {attempt.get('status')}")
+            outcome.check(not attempt.get("superseded"), "the drained shard was taken over after a lease instead of handed back")
+        return outcome
+
+    def trial_skew(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        count = len(self.cluster.nodes)
+        skews = [rng.choice((-3600, 0, 3600)) for _ in range(count)]
+        skews[rng.randrange(count)] = rng.choice((-3600, 3600))
+        envs = {i: faketime_env(s) for i, s in enumerate(skews) if s}
+        victim = rng.randrange(count)
+        outcome = Outcome("skew", f"clocks {skews}, worker {victim} killed mid-shard")
+        outcome.counts["skewed_workers"] += len(envs)
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(2.0, 3.0), envs, victim=victim)
+        time.sleep(rng.uniform(0, LEASE))  # the others run beside the victim's live claim first
+        workers[victim].kill()
+        workers[victim].wait()
+        outcome.counts["kills"] += 1
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        victim_pid = workers[victim].pid
+        stolen = [a for a, v in state["attempts"].items() if v["superseded"] and v["pid"] != victim_pid]
+        now = time.time()
+        for i, skew in enumerate(skews):
+            starts = [v["started_at"] for v in state["attempts"].values() if v["pid"] == workers[i].pid and v["started_at"]]
+            outcome.check(
+                not starts or all(abs(start - now - skew) < 900 for start in starts), f"worker {i}'s clock is not {skew:+d}s off"
+            )
+        outcome.check(not stolen, f"live claims taken over: {stolen}")
+        if held is None:
+            outcome.problems.append("the skew victim never held a shard mid-processing")
+        elif (state["attempts"].get(held["attempt_id"]) or {}).get("status") == "running":
+            outcome.check(state["attempts"][held["attempt_id"]]["superseded"], "the dead claim was not taken over")
+        return outcome
+
+    def trial_coordinator(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        point = rng.choice(COORDINATOR_POINTS)
+        outcome = Outcome("coordinator", f"dlc instance 0 at {point}")
+        base = self.cluster.mount / name
+        self.node(0).run(["mkdir", "-p", str(base)], check=True)
+        data = base / "input.jsonl"
+        self.node(0).run(["cp", str(self.data), str(data)], check=True)
+        job = base / "job"
+        args = [
+            "dlc", "--config", str(self.recipe), "--dataset-path", str(data), "--job-dir", str(job), "--run-id", name,
+            "--num-shards", str(rng.choice(list(self.templates))), "--coordinator-lease-secs", "4",
+            "--lock-timeout-secs", str(LEASE), "--heartbeat-interval-secs", str(HEARTBEAT), "--poll-interval-secs", "0.3",
+            "--max-retries", "6", "--quiet",
+        ]  # fmt: skip
+        instances = []
+        for i, node in enumerate(self.cluster.nodes):
+            env = self.env(FAKE_DELAY="0.3", FAKE_KEEP_MOD7="1", **({"ELASTIC_SHARD_CRASH_AT": point} if i == 0 else {}))
+            with open(log_dir / f"dlc-{i}.log", "ab") as handle:
+                instances.append(node.popen([PY, str(TESTS / "fake_dlc.py"), *args], env=env, stdout=handle, stderr=handle))
+            if i == 0:
+                time.sleep(1.5)
+        codes = [wait(proc, 240) for proc in instances]
+        if codes[0] == -signal.SIGKILL:
+            outcome.counts["coordinator_kills"] += 1
+        outcome.check(all(code == 0 for code in codes[1:]), f"surviving dlc instances exited {codes[1:]}")
+        merged = job / "merged.jsonl"
+        if all(code == 0 for code in codes[1:]):
+            self.compare(outcome, self.node(1).read_bytes(merged))
+        return outcome
+
+    def trial_corrupt(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        target = rng.choice(("shard input", "attempt output", "completion record"))
+        outcome = Outcome("corrupt", target, clean_failure=False)
+        outcome.counts["corruptions"] += 1
+        shards = rng.choice(list(self.templates))
+        job = self.fresh_job(name, shards)
+        shard = f"part-{rng.randrange(shards):05d}-of-{shards:05d}"
+        out = job.parent / "merged.jsonl"
+        if target == "shard input":
+            damage(self.node(0), job / "shards" / f"{shard}.jsonl", rng)
+            worker = self.worker(self.node(0), job, log_dir / "worker.log", 0.0)
+            outcome.check(wait(worker, 120) == 2, "a worker over a corrupt shard input did not end with exit 2")
+            proc = self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out))
+            failed = orjson.loads(self.cli(self.node(1), "status", "--job-dir", str(job), "--json").stdout)
+            errors = [s["last_error"] or "" for s in failed["shards"] if s["state"] == "failed"]
+            outcome.clean_failure = proc.returncode == 2 and any("is corrupt" in e for e in errors)
+        else:
+            worker = self.worker(self.node(0), job, log_dir / "worker.log", 0.0)
+            outcome.check(wait(worker, 120) == 0, "the clean run before the corruption failed")
+            outcome.check(self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out)).returncode == 0, "merge")
+            before = self.node(1).read_bytes(out)
+            done = orjson.loads(self.node(0).read_bytes(job / "state" / "done" / f"{shard}.json"))
+            path = (
+                job / "attempts" / shard / done["attempt_id"] / "processed.jsonl"
+                if target == "attempt output"
+                else job / "state" / "done" / f"{shard}.json"
+            )
+            # Damaged and checked from one node: another may serve the old content from its cache
+            # for a moment, which is the NAS being a NAS, not the damage going unnoticed.
+            damage(self.node(1), path, rng, record=target == "completion record")
+            proc = self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
+            verify = self.cli(self.node(1), "verify", "--job-dir", str(job))
+            outcome.clean_failure = (
+                proc.returncode == 2
+                and shard in last_line(proc.stderr)
+                and verify.returncode == 2
+                and self.node(1).read_bytes(out) == before
+            )
+            outcome.check(self.node(1).read_bytes(out) == before, "a refused merge changed the previous output")
+        outcome.check(outcome.clean_failure, f"corrupt {target} not refused cleanly: {last_line(proc.stderr)}")
+        return outcome
+
+    def trial_enospc(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """On a tiny tmpfs (local: the point is ENOSPC, not the network)."""
+        stage = rng.choice(("prepare", "attempt output", "merge"))
+        outcome = Outcome("enospc", stage, clean_failure=False)
+        outcome.counts["enospc"] += 1
+        mount = self.workdir / name / "tmpfs"
+        mount.mkdir(parents=True)
+        template = self.templates[rng.choice(list(self.templates))]
+        # prepare: a job is at least five files of one 4 KiB page each; otherwise room for the
+        # job, then (below) shrunk to what the copied job uses plus a margin.
+        size = rng.randint(4, 12) if stage == "prepare" else 4096
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}k", "tmpfs", str(mount)], check=True)
+        try:
+            job = mount / "job"
+            env = self.env()
+            if stage == "prepare":
+                proc = subprocess.run(
+                    [PY, "-m", "elastic_sharding", "prepare", "--config", str(self.recipe), "--job-dir", str(job),
+                     "--num-shards", str(template.shards)],
+                    capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+                )  # fmt: skip
+                leftovers = os.listdir(mount)
+                outcome.clean_failure = proc.returncode == 2 and "No space left" in last_line(proc.stderr) and not leftovers
+                outcome.check(
+                    outcome.clean_failure, f"prepare on a full disk: rc={proc.returncode} {last_line(proc.stderr)} {leftovers}"
+                )
+                return outcome
+            shutil.copytree(template.job, job, symlinks=True)
+            if stage == "attempt output":
+                size = shutil.disk_usage(mount).used // 1024 + rng.randint(4, 24)
+                subprocess.run(["mount", "-o", f"remount,size={size}k", str(mount)], check=True)
+            worker = subprocess.run(
+                [PY, str(TESTS / "fake_worker.py"), str(job), "--keep-fake-recipe"],
+                capture_output=True, text=True, env={**os.environ, **env}, timeout=180,
+            )  # fmt: skip
+            out = mount / "merged.jsonl"
+            if stage == "attempt output":
+                outcome.check(worker.returncode == 2, f"a worker out of space exited {worker.returncode}")
+                outcome.check("No space left" in worker.stderr, "the worker did not say the disk is full")
+                subprocess.run(["mount", "-o", "remount,size=4096k", str(mount)], check=True)
+                retry = subprocess.run([PY, "-m", "elastic_sharding", "retry", "--job-dir", str(job), "--all-failed"],
+                                       capture_output=True, text=True, env={**os.environ, **env})  # fmt: skip
+                again = subprocess.run([PY, str(TESTS / "fake_worker.py"), str(job), "--keep-fake-recipe"],
+                                       capture_output=True, text=True, env={**os.environ, **env}, timeout=180)  # fmt: skip
+                if retry.returncode != 0 or again.returncode != 0:
+                    outcome.problems.append(
+                        f"no recovery once space was back: retry {retry.returncode} {last_line(retry.stderr)}; "
+                        f"worker {again.returncode} {last_line(again.stderr)}"
+                    )
+                    return outcome
+                merge(job, out, overwrite=True)
+                self.compare(outcome, out.read_bytes())
+                outcome.clean_failure = not outcome.problems
+                return outcome
+            outcome.check(worker.returncode == 0, "the run before the merge failed")
+            previous = b'{"previous": "output"}\n' * (len(self.reference) // 24 + 1)
+            out.write_bytes(previous)
+            filler = mount / "filler"
+            free = shutil.disk_usage(mount).free
+            filler.write_bytes(b"\0" * max(0, free - len(self.reference) // 2))
+            proc = subprocess.run([PY, "-m", "elastic_sharding", "merge", "--job-dir", str(job), "--output", str(out), "--overwrite"],
+                                  capture_output=True, text=True, env={**os.environ, **env})  # fmt: skip
+            temps = [p for p in os.listdir(mount) if ".tmp-" in p]
+            outcome.clean_failure = (
+                proc.returncode == 2 and "No space left" in last_line(proc.stderr) and out.read_bytes() == previous and not temps
+            )
+            outcome.check(outcome.clean_failure, f"merge on a full disk: rc={proc.returncode} {last_line(proc.stderr)} {temps}")
+            filler.unlink()
+            merge(job, out, overwrite=True)
+            self.compare(outcome, out.read_bytes())
+            return outcome
+        finally:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def wait(proc: subprocess.Popen, timeout: float) -> int | None:
+    """The exit code, after a SIGCONT in case the process was left stopped; kills it on timeout."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def damage(node: Node, path: Path, rng: random.Random, record: bool = False) -> None:
+    """Truncate a file or change it, from a node (so the volume sees the change). A record is
+    changed where it matters (a count or a digest): a record whose host name is misspelt is not
+    corrupt in any way a checker could or should notice."""
+    how = rng.choice(("truncate", "change"))
+    if how == "truncate":
+        change = "d = d[: len(d) // 2]"
+    elif record:
+        change = rng.choice((
+            "import json; r = json.loads(d); r['output_rows'] += 1; d = json.dumps(r).encode()",
+            "import json; r = json.loads(d); r['output_sha256'] = r['output_sha256'][::-1]; d = json.dumps(r).encode()",
+        ))  # fmt: skip
+    else:
+        change = "i = len(d) // 3; d = d[:i] + bytes([d[i] ^ 0x20]) + d[i + 1:]"
+    script = f"import sys; p = sys.argv[1]; d = open(p, 'rb').read(); {change}; open(p, 'wb').write(d)"
+    node.run([PY, "-c", script, str(path)], check=True)
+
+
+def faketime_env(offset: int) -> dict[str, str]:
+    """A worker whose wall clock is `offset` seconds off (libfaketime); its monotonic clock stays
+    real (see faketime_shim/sitecustomize.py for why, and for the one thing the shim changes)."""
+    return {
+        "LD_PRELOAD": str(FAKETIME),
+        "FAKETIME": f"{offset:+d}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKE_UTIME": "1",
+        "PYTHONPATH": f"{TESTS / 'faketime_shim'}{os.pathsep}{SRC}{os.pathsep}{TESTS}",
+    }
+
+
+@dataclass
+class Summary:
+    trials: int = 0
+    counts: Counter = field(default_factory=Counter)
+    kinds: Counter = field(default_factory=Counter)
+    rows_lost: int = 0
+    rows_duplicated: int = 0
+    identical: int = 0
+    merges: int = 0
+    clean_failures: int = 0
+    expected_failures: int = 0
+    failed: list[str] = field(default_factory=list)
+
+    def add(self, index: int, outcome: Outcome) -> None:
+        self.trials += 1
+        self.kinds[outcome.kind] += 1
+        self.counts.update(outcome.counts)
+        self.rows_lost += outcome.rows_lost
+        self.rows_duplicated += outcome.rows_duplicated
+        if outcome.identical is not None:
+            self.merges += 1
+            self.identical += outcome.identical
+        if outcome.clean_failure is not None:
+            self.expected_failures += 1
+            self.clean_failures += outcome.clean_failure
+        if outcome.problems:
+            self.failed.append(f"trial {index} ({outcome.kind}: {outcome.detail}): {'; '.join(outcome.problems)}")
+
+    def line(self, mode: str, seed: int, secs: float) -> str:
+        c = self.counts
+        return (
+            f"faults: mode={mode} seed={seed} trials={self.trials} kills={c['kills']} stalls={c['stalls']} "
+            f"partitions={c['partitions']} client_kills={c['client_kills']} skewed_workers={c['skewed_workers']} "
+            f"drains={c['drains']} coordinator_kills={c['coordinator_kills']} corruptions={c['corruptions']} enospc={c['enospc']} "
+            f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
+            f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
+            f"failed_trials={len(self.failed)} secs={secs:.0f}"
+        )
+
+
+def run(trials: int, seed: int, cluster: Cluster, kinds: list[str] | None = None, keep: bool = False) -> Summary:
+    """Run `trials` trials on a started cluster (kinds drawn by weight, or `kinds` in turn) and
+    print the summary line on stdout."""
+    logging.getLogger("elastic_sharding").setLevel(logging.WARNING)  # the in-process reference runs
+    workdir = Path(tempfile.mkdtemp(prefix=f"es-faults-{seed}-"))
+    summary = Summary()
+    started = time.monotonic()
+    harness = Harness(cluster, workdir)
+    for index in range(trials):
+        rng = random.Random(f"{seed}:{index}")
+        trial_started = time.monotonic()
+        try:
+            outcome = harness.run_trial(index, rng, kinds[index % len(kinds)] if kinds else None)
+        except Exception as exc:  # noqa: BLE001 - one broken trial is reported, the others still run
+            outcome = Outcome("error", f"{type(exc).__name__}: {exc}", problems=[traceback.format_exc(limit=3)])
+        summary.add(index, outcome)
+        state = "ok" if not outcome.problems else "FAILED: " + "; ".join(outcome.problems)
+        print(
+            f"trial {index:4d} {outcome.kind:<11} {outcome.detail:<48} {time.monotonic() - trial_started:5.1f}s {state}",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(summary.line(cluster.mode, seed, time.monotonic() - started), flush=True)
+    for failure in summary.failed:
+        print(f"  {failure}", file=sys.stderr)
+    if summary.failed or keep:
+        print(f"trial logs kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mode", choices=("strict", "cached"), default="cached")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--kinds", help=f"comma-separated kinds to run in turn instead of drawing them ({','.join(KINDS)})")
+    parser.add_argument("--keep", action="store_true", help="keep the trial logs even when every trial passes")
+    args = parser.parse_args()
+    kinds = args.kinds.split(",") if args.kinds else None
+    if kinds and set(kinds) - set(KINDS):
+        parser.error(f"unknown kinds: {', '.join(sorted(set(kinds) - set(KINDS)))}")
+    reason = cluster_available()
+    if reason is not None:
+        parser.error(f"cannot build the GlusterFS test cluster here: {reason}")
+    with Cluster(nodes=args.nodes, mode=args.mode) as cluster:
+        summary = run(args.trials, args.seed, cluster, kinds, args.keep)
+    return 0 if not summary.failed and summary.rows_lost == 0 and summary.rows_duplicated == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
