@@ -234,7 +234,12 @@ class Harness:
         state = self.inspect(job)
         for shard, done in state["done"].items():
             attempt = state["attempts"].get(done["attempt_id"]) if done else None
-            outcome.check(attempt is not None and attempt["status"] == "succeeded", f"{shard}: published attempt not succeeded")
+            # "running": its owner was killed or cut off between publishing and recording it (status
+            # then reports it as succeeded: the completion record is the truth).
+            outcome.check(
+                attempt is not None and attempt["status"] in ("succeeded", "running"),
+                f"{shard}: the published attempt is recorded as {attempt and attempt['status']}",
+            )
         return state
 
     # -- trials ---------------------------------------------------------------------------------

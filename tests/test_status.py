@@ -18,9 +18,10 @@ from conftest import STATUS_SCHEMA, TESTS, cli
 from fakes import FakeRunner
 from jsonschema import Draft202012Validator
 
+from elastic_sharding.layout import JobLayout
 from elastic_sharding.metrics import job_metrics
 from elastic_sharding.records import ShardSpec
-from elastic_sharding.state import DONE, PENDING, RUNNING, AttemptView, ShardView
+from elastic_sharding.state import DONE, PENDING, RUNNING, AttemptView, ShardView, attempt_history
 from elastic_sharding.worker import Worker, WorkerOptions
 
 SHARD_BYTES = 1000
@@ -244,6 +245,23 @@ def test_failed_shards_name_their_error_and_log_and_stale_claims_are_listed(make
     assert report["nodes"][0]["failures"] == 1
     text = cli("status", "--job-dir", str(job)).stdout
     assert f"{broken} last error: fake operator failure (log: {failure['log']})" in text
+
+
+def test_the_attempt_a_completion_names_succeeded_even_if_its_owner_never_recorded_it(make_job):
+    """An owner cut off from the filesystem right after publishing leaves its attempt record at
+    `running`; the completion record is the truth."""
+    job = make_job(rows=20, shards=2)
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    (attempt,) = (job / "attempts" / "part-00000-of-00002").iterdir()
+    record = json.loads((attempt / "attempt.json").read_text())
+    (attempt / "attempt.json").write_text(json.dumps({**record, "status": "running", "finished_at": None}))
+    (attempt / "superseded.json").write_text("{}")  # a takeover racing the repair must not change it either
+    layout = JobLayout(job)
+    history = [view for view in attempt_history(layout, layout.load_manifest(), 600) if view.shard_id == "part-00000-of-00002"]
+    assert [view.outcome for view in history] == ["succeeded"] and not history[0].counts_as_failure
+    report = _status(job)
+    _validate(report)
+    assert report["shards"][0]["failures"] == 0
 
 
 def test_watch_follows_a_job_to_its_end_in_plain_lines_and_json_lines(make_job):

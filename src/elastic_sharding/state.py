@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import fsops
@@ -78,20 +78,21 @@ def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
 def shard_view(layout: JobLayout, spec: ShardSpec, lock_timeout: float, now: float | None = None) -> ShardView:
     now = time.time() if now is None else now
     failures = count_failures(layout, spec.shard_id)
-    return _build_view(layout, spec, _claim(layout, spec.shard_id), failures[0], failures[2], lock_timeout, now)
+    completion = _read(layout.done(spec.shard_id), CompletionRecord)
+    return _build_view(layout, spec, _claim(layout, spec.shard_id), completion, failures[0], failures[2], lock_timeout, now)
 
 
 def _build_view(
     layout: JobLayout,
     spec: ShardSpec,
     claim: ClaimRecord | None,
+    completion: CompletionRecord | None,
     failures: int,
     last_error: str | None,
     lock_timeout: float,
     now: float,
 ) -> ShardView:
     shard_id = spec.shard_id
-    completion = _read(layout.done(shard_id), CompletionRecord)
     failure = _read(layout.failed(shard_id), FailureRecord)
     heartbeat = None
     age = None
@@ -169,13 +170,24 @@ class AttemptView:
 
 
 def _attempt_view(
-    attempt_dir: Path, spec: ShardSpec, current: ClaimRecord | None, lock_timeout: float, now: float, archive: str | None
+    attempt_dir: Path,
+    spec: ShardSpec,
+    current: ClaimRecord | None,
+    lock_timeout: float,
+    now: float,
+    archive: str | None,
+    published: str | None = None,
 ) -> AttemptView | None:
     """Reads the heartbeat only of an attempt still marked running, and looks for a superseded
-    marker only on one that did not succeed: `status --watch` repeats this for every attempt."""
+    marker only on one that did not succeed: `status --watch` repeats this for every attempt.
+
+    The attempt the shard's completion record names (`published`) succeeded, whatever its own
+    record says: its owner can publish and then lose the filesystem before it records that."""
     record = read_attempt(attempt_dir)
     if record is None:
         return None
+    if record.attempt_id == published and record.status != "succeeded":
+        record = replace(record, status="succeeded")
     files = attempt_files(attempt_dir)
     superseded = record.status != "succeeded" and fsops.lexists(files["superseded"])
     heartbeat = read_heartbeat(attempt_dir) if record.status == "running" or record.finished_at is None else None
@@ -234,7 +246,13 @@ def _subdirs(path: Path) -> list[str]:
 
 
 def _attempts_in(
-    root: Path, spec: ShardSpec, claim: ClaimRecord | None, lock_timeout: float, now: float, archive: str | None
+    root: Path,
+    spec: ShardSpec,
+    claim: ClaimRecord | None,
+    lock_timeout: float,
+    now: float,
+    archive: str | None,
+    published: str | None = None,
 ) -> list[AttemptView]:
     try:
         names = attempt_ids(root)
@@ -243,7 +261,7 @@ def _attempts_in(
         return []
     except NotADirectoryError:
         return []
-    views = (_attempt_view(root / name, spec, claim, lock_timeout, now, archive) for name in names)
+    views = (_attempt_view(root / name, spec, claim, lock_timeout, now, archive, published) for name in names)
     return [view for view in views if view is not None]
 
 
@@ -263,10 +281,12 @@ def job_snapshot(
     views = []
     for spec in manifest.shards:
         claim = _claim(layout, spec.shard_id)
-        current = _attempts_in(layout.attempts_dir(spec.shard_id), spec, claim, lock_timeout, now, None)
+        completion = _read(layout.done(spec.shard_id), CompletionRecord)
+        published = completion.attempt_id if completion is not None else None
+        current = _attempts_in(layout.attempts_dir(spec.shard_id), spec, claim, lock_timeout, now, None, published)
         failed = [view for view in current if view.counts_as_failure]
         errors = [view.error for view in failed if view.error]
-        views.append(_build_view(layout, spec, claim, len(failed), errors[-1] if errors else None, lock_timeout, now))
+        views.append(_build_view(layout, spec, claim, completion, len(failed), errors[-1] if errors else None, lock_timeout, now))
         attempts += current
     attempts.sort(key=lambda view: (view.started_at, view.shard_id, view.attempt_id))
     return views, attempts
