@@ -139,16 +139,18 @@ def test_exclusive_create_and_publish_once_have_exactly_one_winner_per_name(glus
         winner = names[0] if i in first["published"] else names[1]
         assert json.loads(cluster.nodes[1].read_bytes(cluster.mount / "race" / f"rec-{i}")) == {"owner": winner, "i": i}
     # Gluster's brick has a race in concurrent mkdir (posix_mkdir rolls back a directory whose gfid it
-    # could not set): for ~0.3% of names BOTH sides get EEXIST and no directory exists. That is never a
-    # double win, but "EEXIST" from mkdir does not prove that somebody else holds the name.
+    # could not set): for ~0.3% of names BOTH sides get EEXIST, and in strict mode no directory exists
+    # (in caching mode one sometimes does: seen once in CI). Never a double win, but "EEXIST" from mkdir
+    # does not prove that somebody else holds the name, so the protocol never decides ownership by mkdir.
     unclaimed = sorted(set(range(count)) - set(first["made"]) - set(second["made"]))
-    for i in unclaimed:
-        assert cluster.nodes[0].run(["stat", str(cluster.mount / "race" / f"dir-{i}")]).returncode != 0, (
-            "a directory nobody created"
-        )
+    if mode == "strict":
+        for i in unclaimed:
+            assert cluster.nodes[0].run(["stat", str(cluster.mount / "race" / f"dir-{i}")]).returncode != 0, (
+                "a directory nobody created"
+            )
     assert len(unclaimed) <= count // 20
     if unclaimed:
-        warnings.warn(f"GlusterFS ({mode}): mkdir returned EEXIST to both nodes for {unclaimed}, no such directory", stacklevel=1)
+        warnings.warn(f"GlusterFS ({mode}): mkdir returned EEXIST to both nodes for {unclaimed}", stacklevel=1)
 
 
 def test_nodes_are_separate_hosts_and_the_host_has_no_cluster_address(gluster):
