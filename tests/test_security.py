@@ -477,3 +477,8 @@ def test_nothing_the_tool_writes_is_world_writable_even_under_umask_000(done_job
     for name, mode in found.items():
         assert mode == (0o775 if (scratch / name).is_dir() else 0o664), f"{name}: {mode:o}"
     assert stat.S_IMODE(JobLayout(done_job).merge_record.stat().st_mode) == 0o664
+    prepared = tmp_path / "prepared-under-000"
+    recipe = next(done_job.parent.glob("*.yaml"), None) or (done_job / "recipe.yaml")
+    assert run_cli("prepare", "--config", str(recipe), "--job-dir", str(prepared), "--num-shards", "2").returncode == 0
+    for name, mode in modes(prepared).items():
+        assert mode == (0o775 if (prepared / name).is_dir() else 0o664), f"prepare wrote {name} as {mode:o}"

@@ -103,6 +103,11 @@ def open_append(path: Path) -> BinaryIO:
     return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
 
 
+def create_file(path: Path, buffering: int = -1) -> BinaryIO:
+    """A new file (never an existing one, never through a link), opened for writing with `FILE_MODE`."""
+    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb", buffering=buffering)
+
+
 def read_bytes_nofollow(path: Path) -> bytes:
     with open_read(path, buffering=0) as handle:
         return handle.read()

@@ -347,7 +347,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False) -> PrepareResult:
         log.warning("%s", warning)
     kind, root, files = _discover(dataset)
     stage = job.root.parent / f".{job.root.name}.staging-{secrets.token_hex(4)}"
-    stage.mkdir()
+    stage.mkdir(fsops.DIR_MODE)
     try:
         with Offload() as offload:
             manifest = _build(stage, job, request, recipe, kind, root, files, offload, quiet)
@@ -402,9 +402,9 @@ def _build(
 
     layout = JobLayout(stage)
     for sub in (layout.shards_dir, layout.cache_dir, layout.attempts_root, layout.state):
-        sub.mkdir()
+        sub.mkdir(fsops.DIR_MODE)
     for name in STATE_DIRS:
-        (layout.state / name).mkdir()
+        (layout.state / name).mkdir(fsops.DIR_MODE)
 
     log.info("pass 2/2: writing %d shard(s)", request.num_shards)
     shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, scan, offload, quiet, recipe.max_line_bytes)
@@ -417,7 +417,8 @@ def _build(
     config = dict(recipe.config)
     config["dataset_path"] = str(Path(request.dataset_path))
     recipe_bytes = dump_config(config)
-    layout.recipe.write_bytes(recipe_bytes)
+    with fsops.create_file(layout.recipe) as handle:
+        handle.write(recipe_bytes)
     identity = engine_identity()
     manifest = Manifest(
         format_version=FORMAT_VERSION,
@@ -442,7 +443,8 @@ def _build(
         shards=shards.specs,
         warnings=warnings,
     )
-    layout.manifest.write_bytes(encode(manifest))
+    with fsops.create_file(layout.manifest) as handle:
+        handle.write(encode(manifest))
     for path in (layout.manifest, layout.recipe):
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
@@ -474,7 +476,7 @@ class _ShardWriter:
         self.pending: list[bytes] = []
         self.pending_bytes = 0
         self.path = self.layout.shards_dir / f"{shard_id_for(index, self.count)}.jsonl"
-        self.handle = open(self.path, "wb")
+        self.handle = fsops.create_file(self.path)
 
     def add(self, line: bytes) -> None:
         self.pending.append(line)
