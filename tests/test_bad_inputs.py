@@ -467,6 +467,22 @@ def test_accepted_edge_cases(tmp_path, run_cli):
     assert all(b"\r" not in p.read_bytes() for p in (tmp_path / "job" / "shards").iterdir())
 
 
+def test_a_link_to_a_directory_inside_a_directory_input_is_not_read_and_says_so(tmp_path, run_cli):
+    data = tmp_path / "data"
+    (data / "real").mkdir(parents=True)
+    (data / "real" / "a.jsonl").write_bytes(GOOD)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "b.jsonl").write_bytes(GOOD)
+    (data / "linked").symlink_to(elsewhere)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
+    proc = run_cli("prepare", "--config", str(recipe), "--job-dir", str(tmp_path / "job"), "--num-shards", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert f"not reading {data / 'linked'}: a link to a directory" in proc.stderr
+    assert json.loads((tmp_path / "job" / "manifest.json").read_text())["total_rows"] == 2
+
+
 def test_lines_at_the_limit_pass(tmp_path, run_cli):
     """The limit is on both the input line (newline not counted, a CR before it counted) and the
     shard line prepare writes."""

@@ -125,6 +125,9 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
 
     for dirpath, dirnames, filenames in os.walk(dataset, onerror=on_error, followlinks=False):
         dirnames.sort()
+        for name in dirnames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                log.warning("not reading %s: a link to a directory (links to files are read)", Path(dirpath) / name)
         for name in filenames:
             path = Path(dirpath) / name
             if name.endswith(".jsonl"):
