@@ -107,6 +107,51 @@ def test_dlc_strict_three_nodes_on_a_caching_volume(gluster, tmp_path, demo_base
     assert merged_lines(node, job / "merged.jsonl") == demo_baseline
 
 
+def test_a_stopped_real_worker_is_fenced_and_its_data_juicer_runtime_stopped(gluster, tmp_path, demo_baseline):
+    """P3 with real Data-Juicer: node1's worker is SIGSTOPped while its warm runtime works on a
+    shard; node2 takes the shard over after one lease and finishes the job; resumed, node1's
+    worker publishes nothing and its runtime (which ran on while its parent was stopped) ends."""
+    import re
+    import signal
+    import time
+
+    from e2e_support import processes_with
+
+    cluster = gluster(nodes=2, mode="strict")
+    a, b = cluster.nodes
+    job = cluster.mount / "fenced"
+    run_on(a, str(SHARD_JOB), "prepare", "--config", str(DEMO_RECIPE), "--job-dir", str(job), "--num-shards", "2",
+           "--lock-timeout-secs", "10", "--heartbeat-interval-secs", "1", "--poll-interval-secs", "1")  # fmt: skip
+    log_a = tmp_path / "node1.log"
+    first = start_on(a, str(SHARD_JOB), "worker", "--job-dir", str(job), log=log_a)
+    deadline = time.monotonic() + 120
+    while not (found := re.search(r"starting warm runtime pid (\d+)", log_a.read_text())):
+        assert time.monotonic() < deadline and first.poll() is None, log_a.read_text()[-3000:]
+        time.sleep(0.2)
+    runtime = int(found.group(1))
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = start_on(b, str(SHARD_JOB), "worker", "--job-dir", str(job), log=tmp_path / "node2.log")
+        assert second.wait(timeout=600) == 0, (tmp_path / "node2.log").read_text()[-3000:]
+        assert Path(f"/proc/{runtime}").exists(), "the stopped worker's runtime ran on (only the worker was stopped)"
+    finally:
+        first.send_signal(signal.SIGCONT)
+    first.wait(timeout=120)
+    text = log_a.read_text()
+    assert "lost claim of part-00000-of-00002" in text or "claim lost before publishing" in text, text[-3000:]
+    deadline = time.monotonic() + 60
+    while processes_with(str(job)):
+        assert time.monotonic() < deadline, (
+            f"Data-Juicer/Ray processes of the job outlived both workers: {processes_with(str(job))}"
+        )
+        time.sleep(0.5)
+    report = json.loads(run_on(b, str(SHARD_JOB), "status", "--job-dir", str(job), "--json").stdout)
+    assert {s["host"] for s in report["shards"]} == {b.name}, "node1 published nothing"
+    merged = job.parent / "fenced-merged.jsonl"
+    run_on(b, str(SHARD_JOB), "merge", "--job-dir", str(job), "--output", str(merged))
+    assert merged_lines(b, merged) == demo_baseline
+
+
 MPI_AGENT = """\
 #!/bin/sh
 # OpenMPI's remote-shell agent for the simulated nodes: run the command inside the named node, as
