@@ -31,7 +31,7 @@ from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import InputError, JobStateError, UsageError
 from .jsonl import HashingLineReader, Offload, check_keys, file_kind, first_duplicate_key, line_too_long, parse_object
-from .layout import STATE_DIRS, JobLayout
+from .layout import JobLayout
 from .normalize import RowNormalizer, SchemaNode
 from .progress import Progress
 from .recipe import Recipe, dump_config, load_recipe, read_recipe
@@ -404,10 +404,8 @@ def _build(
         log.warning("%s", warnings[-1])
 
     layout = JobLayout(stage)
-    for sub in (layout.shards_dir, layout.cache_dir, layout.attempts_root, layout.state):
+    for sub in (*layout.skeleton, layout.cache_dir):
         sub.mkdir(fsops.DIR_MODE)
-    for name in STATE_DIRS:
-        (layout.state / name).mkdir(fsops.DIR_MODE)
 
     log.info("pass 2/2: writing %d shard(s)", request.num_shards)
     shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, scan, offload, quiet, recipe.max_line_bytes)

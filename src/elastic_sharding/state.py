@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from . import fsops
 from .layout import JobLayout, attempt_files, attempt_ids
@@ -22,6 +24,7 @@ from .records import ClaimRecord, CompletionRecord, FailureRecord, Heartbeat, Ma
 
 PENDING, RUNNING, STALE = "pending", "running", "stale"
 STATES = (PENDING, RUNNING, STALE, DONE, FAILED)
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +58,24 @@ class ShardView:
         return self.claim.attempt_id if self.claim is not None else None
 
 
-def _read(path: Path, cls: type) -> object | None:
+def _lenient(read: Callable[[], T | None]) -> T | None:
+    """A record as a one-shot view takes it: a link planted in its place (with a warning) or an
+    unparsable one reads as missing."""
     try:
-        return fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2)
+        return read()
     except fsops.LinkRefused as exc:
         log.warning("ignoring %s", exc)
         return None
     except ValueError:
         return None
+
+
+def _read(path: Path, cls: type) -> object | None:
+    return _lenient(lambda: fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2))
 
 
 def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
-    try:
-        return read_claim(layout, shard_id)
-    except fsops.LinkRefused as exc:
-        log.warning("ignoring %s", exc)
-        return None
-    except ValueError:
-        return None
+    return _lenient(lambda: read_claim(layout, shard_id))
 
 
 def shard_view(layout: JobLayout, spec: ShardSpec, lock_timeout: float, now: float | None = None) -> ShardView:
