@@ -42,7 +42,17 @@ DEFAULT = Sizes(
 QUICK = dataclasses.replace(DEFAULT, rows=10_000, io_rows=0, overhead_shards=3, hetero_shards=6, claim_shards=400, repeats=1)
 
 # Name -> (the results it yields, how to measure them). Names are what --only accepts.
-NAMES = ("overhead", "e2e_ray", "e2e_partitioned", "hetero_dynamic", "hetero_static", "prepare", "merge", "claims")
+NAMES = (
+    "overhead",
+    "e2e_ray",
+    "e2e_partitioned",
+    "hetero_dynamic",
+    "hetero_static",
+    "prepare",
+    "prepare_noop",
+    "merge",
+    "claims",
+)
 GROUPS: dict[str, tuple[str, ...]] = {"e2e": ("e2e_ray", "e2e_partitioned"), "hetero": ("hetero_dynamic", "hetero_static")}
 
 
@@ -59,7 +69,7 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, lambda b, s, n=names: measure_e2e(b, s, n)))
     if names := want("hetero_dynamic", "hetero_static"):
         plan.append((("hetero_dynamic", "hetero_static"), measure_hetero))
-    if names := want("prepare", "merge"):
+    if names := want("prepare", "prepare_noop", "merge"):
         plan.append((names, lambda b, s, n=names: measure_prepare_merge(b, s, n)))
     if names := want("claims"):
         plan.append((names, measure_claims))
@@ -102,6 +112,8 @@ def _fmt_secs(value: float | None) -> str:
 def _fmt_ratio(r: Result) -> str:
     if r.error:
         return "ERROR"
+    if r.ratio is not None and r.unit == "x" and r.value is not None and abs(r.value - r.ratio) > 1e-9:
+        return f"{r.ratio:.2f}x (judged: {r.value:.2f}x)"
     if r.ratio is not None:
         return f"{r.ratio:.2f}x"
     return f"{r.value:.0f} {r.unit}" if r.value is not None else "-"

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +87,49 @@ def make_job(tmp_path: Path, recipe_file):
         return job
 
     return make
+
+
+@pytest.fixture
+def done_job(make_job) -> Path:
+    """A finished two-shard job (fake runner)."""
+    from fakes import FakeRunner
+
+    from elastic_sharding.worker import Worker, WorkerOptions
+
+    job = make_job(rows=20, shards=2)
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    return job
+
+
+@pytest.fixture
+def own_log_handlers():
+    """run_cli points the package's log handler at the running test's captured stderr: start a
+    test without a handler left pointing at an earlier test's (closed) capture."""
+    logger = logging.getLogger("elastic_sharding")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers[:], logger.propagate = [], True
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every entry under `root` with its content and mtime: proves nothing was written (through a link or at all)."""
+    result = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        result[str(path.relative_to(root))] = (path.read_bytes() if stat.S_ISREG(st.st_mode) else None, st.st_mtime_ns)
+    return result
+
+
+def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Exit 2 with exactly one `error:` line (no traceback) that contains every fragment."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    return errors[0]
 
 
 @pytest.fixture

@@ -13,7 +13,9 @@ processor from `fakes.py`, in real processes, one per simulated node) and inject
               waits a lease) and exits with code 2
   skew        workers with clocks ±1 h off (libfaketime) and one worker killed: no live claim
               stolen, the dead one taken over
-  coordinator `dlc` instances, one of which dies at a crash point of the prepare or finalize phase
+  coordinator `dlc` instances, one of which dies at a crash point of the prepare or finalize phase;
+              sometimes of a resubmission of a finished job (prepare hashes the input again),
+              sometimes with every instance creating the same new --output directories
   corrupt     a shard input, an attempt output or a completion record damaged: detected, merge
               refuses, the previous output untouched
   enospc      the job dir on a tiny tmpfs: prepare, attempt output or merge runs out of space;
@@ -84,6 +86,14 @@ COORDINATOR_POINTS = (
     "phase-done:prepare",
     "phase-locked:finalize",
     "merging",
+    "phase-done:finalize",
+)
+# A resubmission of a finished job: prepare hashes the input again, finalize re-verifies the merge.
+RESUBMIT_POINTS = (
+    "phase-locked:prepare",
+    "prepare-rehashing",
+    "phase-done:prepare",
+    "phase-locked:finalize",
     "phase-done:finalize",
 )
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
@@ -443,34 +453,51 @@ class Harness:
         return outcome
 
     def trial_coordinator(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
-        point = rng.choice(COORDINATOR_POINTS)
-        outcome = Outcome("coordinator", f"dlc instance 0 at {point}")
+        """A dlc instance killed at a point of prepare/finalize. Sometimes the submission is a
+        resubmission of a finished job (its prepare coordinator hashes the input again), and
+        sometimes every instance creates the same new --output directories at once."""
+        resubmit = rng.random() < 0.3
+        point = rng.choice(RESUBMIT_POINTS if resubmit else COORDINATOR_POINTS)
         base = self.cluster.mount / name
+        output = base / "out" / "new" / "merged.jsonl" if rng.random() < 0.5 else None
+        outcome = Outcome(
+            "coordinator",
+            f"dlc instance 0 at {point}" + (" of a resubmission" if resubmit else "") + (", new --output dir" if output else ""),
+        )
         self.node(0).run(["mkdir", "-p", str(base)], check=True)
         data = base / "input.jsonl"
         self.node(0).run(["cp", str(self.data), str(data)], check=True)
         job = base / "job"
         args = [
-            "dlc", "--config", str(self.recipe), "--dataset-path", str(data), "--job-dir", str(job), "--run-id", name,
+            "--config", str(self.recipe), "--dataset-path", str(data), "--job-dir", str(job),
             "--num-shards", str(rng.choice(list(self.templates))), "--coordinator-lease-secs", "4",
             "--lock-timeout-secs", str(LEASE), "--heartbeat-interval-secs", str(HEARTBEAT), "--poll-interval-secs", "0.3",
-            "--max-retries", "6", "--quiet",
+            "--max-retries", "6", "--quiet", *(["--output", str(output)] if output else []),
         ]  # fmt: skip
-        instances = []
-        for i, node in enumerate(self.cluster.nodes):
-            env = self.env(FAKE_DELAY="0.3", FAKE_KEEP_MOD7="1", **({"ELASTIC_SHARD_CRASH_AT": point} if i == 0 else {}))
-            with open(log_dir / f"dlc-{i}.log", "ab") as handle:
-                instances.append(node.popen([PY, str(TESTS / "fake_dlc.py"), *args], env=env, stdout=handle, stderr=handle))
-            if i == 0:
-                time.sleep(1.5)
-        codes = [wait(proc, 240) for proc in instances]
+        if resubmit:
+            first = self._dlc(args + ["--run-id", f"{name}-first"], log_dir, "first", crash_at=None)
+            outcome.check(first == [0] * len(first), f"the first submission exited {first}")
+        codes = self._dlc(args + ["--run-id", name], log_dir, "dlc", crash_at=point)
         if codes[0] == -signal.SIGKILL:
             outcome.counts["coordinator_kills"] += 1
         outcome.check(all(code == 0 for code in codes[1:]), f"surviving dlc instances exited {codes[1:]}")
-        merged = job / "merged.jsonl"
         if all(code == 0 for code in codes[1:]):
-            self.compare(outcome, self.node(1).read_bytes(merged))
+            self.compare(outcome, self.node(1).read_bytes(output or job / "merged.jsonl"))
         return outcome
+
+    def _dlc(self, args: list[str], log_dir: Path, tag: str, crash_at: str | None) -> list[int]:
+        """One dlc instance per node (the fake runner), instance 0 first; their exit codes."""
+        instances = []
+        for i, node in enumerate(self.cluster.nodes):
+            crash = {"ELASTIC_SHARD_CRASH_AT": crash_at} if i == 0 and crash_at else {}
+            env = self.env(FAKE_DELAY="0.3", FAKE_KEEP_MOD7="1", **crash)
+            with open(log_dir / f"{tag}-{i}.log", "ab") as handle:
+                instances.append(
+                    node.popen([PY, str(TESTS / "fake_dlc.py"), "dlc", *args], env=env, stdout=handle, stderr=handle)
+                )
+            if i == 0:
+                time.sleep(1.5)
+        return [wait(proc, 240) for proc in instances]
 
     def trial_corrupt(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         target = rng.choice(("shard input", "attempt output", "completion record"))

@@ -15,7 +15,17 @@ import orjson
 import pytest
 from conftest import REPO
 
-NAMES = ("overhead", "e2e_ray", "e2e_partitioned", "hetero_dynamic", "hetero_static", "prepare", "merge", "claims")
+NAMES = (
+    "overhead",
+    "e2e_ray",
+    "e2e_partitioned",
+    "hetero_dynamic",
+    "hetero_static",
+    "prepare",
+    "prepare_noop",
+    "merge",
+    "claims",
+)
 
 
 @pytest.mark.e2e

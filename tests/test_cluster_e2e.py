@@ -92,7 +92,9 @@ def test_two_nodes_manual_workflow_on_a_strict_volume(gluster, tmp_path, demo_ba
 def test_dlc_strict_three_nodes_on_a_caching_volume(gluster, tmp_path, demo_baseline):
     cluster = gluster(nodes=3, mode="cached")
     job = cluster.mount / "strict-3x6"
-    args = ("--job-dir", str(job), "--nodes", "3", "--num-shards", "6", "--require-all-nodes", "--run-id", "strict-1", *QUICK)
+    output = cluster.mount / "output" / "strict-3x6" / "merged.jsonl"  # created by three instances at once
+    args = ("--job-dir", str(job), "--nodes", "3", "--num-shards", "6", "--require-all-nodes", "--run-id", "strict-1",
+            "--output", str(output), *QUICK)  # fmt: skip
     instances = {
         node.name: start_on(node, str(DLC_JOB), "dlc", *args, log=tmp_path / f"{node.name}.log") for node in cluster.nodes
     }
@@ -104,7 +106,7 @@ def test_dlc_strict_three_nodes_on_a_caching_volume(gluster, tmp_path, demo_base
     node = cluster.nodes[1]
     report = json.loads(run_on(node, str(DLC_JOB), "status", "--job-dir", str(job), "--json").stdout)
     assert sorted(s["host"] for s in report["shards"]) == sorted([n.name for n in cluster.nodes] * 2), "2 shards per Worker"
-    assert merged_lines(node, job / "merged.jsonl") == demo_baseline
+    assert merged_lines(node, output) == demo_baseline
 
 
 def test_a_stopped_real_worker_is_fenced_and_its_data_juicer_runtime_stopped(gluster, tmp_path, demo_baseline):

@@ -10,9 +10,19 @@ from conftest import REPO
 
 from elastic_sharding.cli import build_parser
 
-# Flags of other programs that the READMEs mention (mpirun, srun, unshare, ray start, and
+# Flags of other programs that the READMEs mention (mpirun, srun, unshare, ray start, rsync, and
 # dj-process's --executor_type, which the pattern below reads up to the underscore).
-FOREIGN_FLAGS = {"--allow-run-as-root", "--ntasks-per-node", "--mca", "--uts", "--head", "--executor", "--collector"}
+FOREIGN_FLAGS = {
+    "--allow-run-as-root",
+    "--ntasks-per-node",
+    "--mca",
+    "--uts",
+    "--head",
+    "--executor",
+    "--collector",
+    "--inplace",
+    "--times",
+}
 PLACEHOLDERS = {"--opt"}  # "`--opt value` and `--opt=value`"
 
 

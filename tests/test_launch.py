@@ -172,6 +172,20 @@ def test_dlc_instances_elect_one_coordinator_per_phase_and_all_succeed(tmp_path,
     assert "PASS: 3 shards" in logs(tmp_path, "again-")
 
 
+def test_only_the_prepare_coordinator_hashes_the_input_again_and_a_changed_input_fails_every_instance(tmp_path, dlc_job):
+    from test_prepare import edit_in_place
+
+    job, dataset, args = dlc_job
+    assert run_instances(tmp_path, 3, *args("run-1")) == [0, 0, 0]
+    assert "checking that the" not in logs(tmp_path), "a new job is hashed while it is split, not again"
+    assert run_instances(tmp_path, 3, *args("run-2"), tag="again-") == [0, 0, 0]
+    assert logs(tmp_path, "again-").count("checking that the 1 input file(s) are unchanged (sha256)") == 1
+    edit_in_place(dataset, b"sample number 3", b"sample NUMBER 3")
+    assert run_instances(tmp_path, 3, *args("run-3"), tag="changed-") == [2, 2, 2]
+    abort = Generation(job, "run-3").abort_record()
+    assert abort.phase == "prepare" and f"{dataset}: its content changed since the job was prepared" in abort.reason
+
+
 def test_a_failed_shard_ends_every_instance_with_one_code_and_a_new_run_id_recovers(tmp_path, dlc_job):
     job, _, args = dlc_job
     codes = run_instances(tmp_path, 3, *args("run-1"), env={"FAKE_FAIL_SHARDS": "part-00001-of-00003"})
@@ -255,10 +269,12 @@ def test_parameter_errors_are_refused_before_anything_is_written(tmp_path, run_c
     assert result.returncode == 2 and "is inside the dataset directory" in result.stderr
     result = run_cli("dlc", "--job-dir", str(job), "--config", str(tmp_path / "missing.yaml"), "--run-id", "x")
     assert result.returncode == 2 and "missing.yaml" in result.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way of --output's directory\n")
     for command in ("dlc", "local", "mpi"):
         extra = ["--run-id", "x"] if command == "dlc" else ["--np", "1"] if command == "mpi" else []
-        result = run_cli(command, "--job-dir", str(job), "--output", str(tmp_path / "no" / "out.jsonl"), *extra)
-        assert result.returncode == 2 and "the directory of --output does not exist" in result.stderr, (command, result.stderr)
+        result = run_cli(command, "--job-dir", str(job), "--output", str(blocker / "no" / "out.jsonl"), *extra)
+        assert result.returncode == 2 and f"{blocker} is not a directory" in result.stderr, (command, result.stderr)
     for job_dir in (job, inside):
         assert not job_dir.exists() and not coordination_root(job_dir).exists()
 

@@ -131,8 +131,7 @@ def test_two_node_wrapper_runs_the_strict_two_node_job(tmp_path, demo_baseline):
 
 def test_local_mode_runs_a_whole_job_with_worker_processes(tmp_path, demo_baseline):
     job = tmp_path / "local-job"
-    out = tmp_path / "out" / "result.jsonl"
-    out.parent.mkdir()
+    out = tmp_path / "out" / "new" / "result.jsonl"  # --output's directories are created
     proc = run_script(DLC_JOB, "local", "--job-dir", str(job), "--workers", "2", "--output", str(out))
     assert "PASS: 4 shards were completed by 1 node(s)" in proc.stderr
     assert (

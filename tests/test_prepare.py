@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -135,6 +139,78 @@ def test_identical_request_is_a_noop_and_different_one_refused(tmp_path, recipe_
     write_jsonl(dataset, sample_rows(11))
     with pytest.raises(JobStateError, match="input files changed"):
         prepare(PrepareRequest(recipe, None, job, 2, fast_settings()))
+
+
+def edit_in_place(path: Path, old: bytes, new: bytes) -> None:
+    """Change bytes without changing the size or the modification time (`rsync --inplace --times`)."""
+    st = path.stat()
+    data = path.read_bytes()
+    assert len(old) == len(new) and old in data
+    path.write_bytes(data.replace(old, new, 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def prepare_cli(run_cli, recipe: Path, job: Path, *extra: str, shards: int = 2):
+    return run_cli("prepare", "--config", str(recipe), "--job-dir", str(job), "--num-shards", str(shards), *extra)
+
+
+def test_an_in_place_edit_keeping_size_and_mtime_is_refused(tmp_path, recipe_file, run_cli):
+    dataset = write_jsonl(tmp_path / "d.jsonl", sample_rows(10))
+    recipe, job = recipe_file(dataset), tmp_path / "job"
+    assert prepare_cli(run_cli, recipe, job).returncode == 0
+    again = prepare_cli(run_cli, recipe, job)
+    assert again.returncode == 0 and "already prepared with this exact request: nothing to do" in again.stderr
+    before = {p: p.read_bytes() for p in job.rglob("*") if p.is_file()}
+    edit_in_place(dataset, b"sample number 7", b"sample NUMBER 7")
+    refused = prepare_cli(run_cli, recipe, job)
+    assert refused.returncode == 2
+    error = refused.stderr.strip().splitlines()[-1]
+    assert f"{dataset}: its content changed since the job was prepared" in error and "Use a new --job-dir" in error, error
+    assert {p: p.read_bytes() for p in job.rglob("*") if p.is_file()} == before, "the job is left as it was"
+
+
+def test_a_changed_mtime_alone_is_refused_and_restoring_it_as_told_is_a_noop(tmp_path, recipe_file, run_cli):
+    """The contract's identity of an input includes its mtime: a `touch` is refused even with the
+    same bytes. The message names the recorded time as a `touch -d` command; since the bytes are
+    then hashed, restoring the time is safe."""
+    dataset = write_jsonl(tmp_path / "d.jsonl", sample_rows(10))
+    recipe, job = recipe_file(dataset), tmp_path / "job"
+    assert prepare_cli(run_cli, recipe, job).returncode == 0
+    recorded = dataset.stat().st_mtime_ns
+    os.utime(dataset, ns=(recorded + 5 * 10**9, recorded + 5 * 10**9))
+    refused = prepare_cli(run_cli, recipe, job)
+    assert refused.returncode == 2 and f"{dataset}: its modification time changed" in refused.stderr
+    command = re.search(r"`(touch -d \S+ \S+)`", refused.stderr).group(1)
+    subprocess.run(shlex.split(command), check=True)
+    assert dataset.stat().st_mtime_ns == recorded
+    assert prepare_cli(run_cli, recipe, job).returncode == 0
+
+
+def test_every_file_of_a_directory_input_is_hashed_again(tmp_path, recipe_file, run_cli):
+    root = tmp_path / "data"
+    for name in ("a.jsonl", "sub/b.jsonl", "sub/c.jsonl", "z.jsonl"):
+        write_jsonl(root / name, sample_rows(5))
+    recipe, job = recipe_file(root), tmp_path / "job"
+    assert prepare_cli(run_cli, recipe, job).returncode == 0
+    assert prepare_cli(run_cli, recipe, job).returncode == 0
+    edit_in_place(root / "sub" / "c.jsonl", b"sample number 4", b"sample number 9")
+    refused = prepare_cli(run_cli, recipe, job)
+    assert refused.returncode == 2 and f"{root / 'sub' / 'c.jsonl'}: its content changed" in refused.stderr
+
+
+def test_sha256_files_hashes_many_files_at_once_in_order(tmp_path):
+    from elastic_sharding.fingerprints import READ_SIZE, sha256_files
+
+    paths = []
+    for i in range(9):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(os.urandom(i * READ_SIZE // 3))
+        paths.append(path)
+    assert sha256_files(paths, quiet=True) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    paths[4].unlink()
+    with pytest.raises(InputError, match=r"f4: cannot access: No such file"):
+        sha256_files(paths, quiet=True)
 
 
 def test_relative_paths_resolve_from_the_working_directory(tmp_path, monkeypatch):

@@ -9,7 +9,6 @@ outside copy is also checked to be unchanged, so nothing was written through it 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import stat
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import refused, snapshot
 from fakes import FakeRunner
 
 import elastic_sharding.worker
@@ -45,15 +45,7 @@ from elastic_sharding.worker import Worker, WorkerOptions
 S0, S1 = "part-00000-of-00002", "part-00001-of-00002"
 
 
-@pytest.fixture(autouse=True)
-def _own_log_handlers():
-    """run_cli points the package's log handler at the running test's captured stderr: start each
-    test without a handler left pointing at an earlier test's (closed) capture."""
-    logger = logging.getLogger("elastic_sharding")
-    saved = logger.handlers[:], logger.level, logger.propagate
-    logger.handlers[:], logger.propagate = [], True
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
+pytestmark = pytest.mark.usefixtures("own_log_handlers")
 
 
 @pytest.fixture
@@ -71,39 +63,11 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def done_job(make_job) -> Path:
-    """A finished two-shard job."""
-    job = make_job(rows=20, shards=2)
-    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
-    return job
-
-
-def snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
-    """Every entry under `root` with its content and mtime: proves nothing was written through a link."""
-    result = {}
-    for path in sorted(root.rglob("*")):
-        st = path.lstat()
-        result[str(path.relative_to(root))] = (path.read_bytes() if stat.S_ISREG(st.st_mode) else None, st.st_mtime_ns)
-    return result
-
-
 def plant(link: Path, target: Path) -> None:
     """Move what `link` names to `target` (outside), and put a symbolic link to it in its place."""
     if link.exists():
         shutil.move(str(link), str(target))
     link.symlink_to(target)
-
-
-def refused(proc, *fragments: str) -> str:
-    """Exit 2 with exactly one `error:` line (no traceback) that contains every fragment."""
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], (fragment, errors[0])
-    return errors[0]
 
 
 def only_attempt(job: Path, shard: str) -> Path:

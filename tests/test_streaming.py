@@ -171,9 +171,10 @@ def test_progress_is_silent_when_stderr_is_not_a_terminal_or_quiet(tmp_path, mon
     monkeypatch.setattr(logging, "raiseExceptions", False)  # a handler left by another test may hold a closed stream
     job = tmp_path / "job"
     prepare(PrepareRequest(small_job, None, job, 2, fast_settings()), quiet=quiet)
+    assert not prepare(PrepareRequest(small_job, None, job, 2, fast_settings()), quiet=quiet).created
     run_job(job)
     merge(job, tmp_path / "out.jsonl", quiet=quiet)
-    assert not any(mark in stderr.getvalue() for mark in ("pass 1/2", "pass 2/2", "merge", "\r"))
+    assert not any(mark in stderr.getvalue() for mark in ("pass 1/2", "pass 2/2", "checking input", "merge", "\r"))
 
 
 def test_progress_bar_on_a_terminal(tmp_path, monkeypatch, small_job):
@@ -182,7 +183,10 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch, small_job):
     job = tmp_path / "job"
     prepare(PrepareRequest(small_job, None, job, 2, fast_settings()))
     shown = terminal.getvalue()
-    assert "pass 1/2" in shown and "pass 2/2" in shown
+    assert "pass 1/2" in shown and "pass 2/2" in shown and "checking input" not in shown
+    assert not prepare(PrepareRequest(small_job, None, job, 2, fast_settings())).created
+    assert "checking input" in terminal.getvalue()[len(shown) :]
+    shown = terminal.getvalue()
     run_job(job)
     merge(job, tmp_path / "out.jsonl")
     assert "merge" in terminal.getvalue()[len(shown) :]

@@ -213,12 +213,15 @@ def test_empty_or_sparse_status_still_renders():
     assert page.startswith("<!DOCTYPE html>") and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
-def test_write_report_refuses_a_missing_output_directory(job, tmp_path):
-    missing = tmp_path / "no-such-dir"
+def test_write_report_creates_a_missing_output_directory_and_refuses_a_file_in_the_way(job, tmp_path):
+    missing = tmp_path / "no-such-dir" / "deeper"
+    assert write_report(job, missing / "report.html") >= 10 and [p.name for p in missing.iterdir()] == ["report.html"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(UsageError, match=re.escape(str(missing))):
-        write_report(job, missing / "report.html")
-    assert not missing.exists() and sorted(p.name for p in tmp_path.iterdir()) == before
+    with pytest.raises(UsageError, match=re.escape(f"{blocker} is not a directory")):
+        write_report(job, blocker / "sub" / "report.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_write_report_replaces_the_output_atomically(job, tmp_path):

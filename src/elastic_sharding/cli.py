@@ -149,7 +149,11 @@ def _add_quiet(parser: argparse.ArgumentParser) -> None:
 
 def _add_launcher(parser: argparse.ArgumentParser) -> None:
     _add_job_request(parser, config_required=False, launcher=True)
-    parser.add_argument("--output", type=Path, help="final merged JSONL (default <job-dir>/merged.jsonl)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="final merged JSONL (default <job-dir>/merged.jsonl); missing directories are created before anything starts",
+    )
     _add_runner(parser)
     _add_quiet(parser)
 
@@ -240,7 +244,9 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
 
     p = sub.add_parser("report", help="write a self-contained HTML page: timeline of every attempt, throughput, shards")
     _add_job_dir(p)
-    p.add_argument("--output", required=True, type=Path, help="the HTML file to write (e.g. report.html)")
+    p.add_argument(
+        "--output", required=True, type=Path, help="the HTML file to write (e.g. report.html); missing directories are created"
+    )
     p.add_argument("--lock-timeout-secs", type=float, help="only affects whether claims display as stale")
 
     if not dlc:
@@ -251,7 +257,7 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
 
         p = sub.add_parser("merge", help="validate and merge all shard outputs in manifest order")
         _add_job_dir(p)
-        p.add_argument("--output", required=True, type=Path, help="final JSONL path")
+        p.add_argument("--output", required=True, type=Path, help="final JSONL path; missing directories are created")
         p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
         p.add_argument("--overwrite", action="store_true", help="replace an existing output")
         p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout (implies --quiet)")
@@ -321,8 +327,8 @@ def _cmd_local(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .launch.common import recipe_and_base
     from .prepare import PrepareRequest, prepare
+    from .recipe import recipe_and_base
 
     config, base = recipe_and_base(args.config)
     request = PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base)

@@ -11,7 +11,8 @@ record and heartbeat exist), `processing` (the engine is mid-shard; the test run
 `collecting` (part of processed.jsonl is written), `publishing` (output complete, completion not
 yet published), `published` (completion published, claim not yet marked done), `merging` (part
 of the merged output is written), `prepare-staged` (prepare wrote everything but has not
-published the job), `phase-locked:<phase>` and `phase-done:<phase>` (a `dlc` coordinator holds
+published the job), `prepare-rehashing` (a repeated prepare is about to hash the input again to
+prove it unchanged), `phase-locked:<phase>` and `phase-done:<phase>` (a `dlc` coordinator holds
 the phase / finished its work but has not published the result).
 """
 

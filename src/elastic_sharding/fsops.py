@@ -30,6 +30,7 @@ T = TypeVar("T")
 # 0664/0775 under a group-shared 002, never world-writable (not even under umask 000).
 STALE_HANDLE_SECS = 3.0
 STALE_HANDLE_POLL = 0.02
+MKDIR_VISIBLE_TRIES = 10
 FILE_MODE = 0o664
 DIR_MODE = 0o775
 
@@ -58,7 +59,7 @@ def lexists(path: Path) -> bool:
     """Whether a name exists, a symbolic link included (and never followed)."""
     try:
         os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     return True
 
@@ -155,8 +156,83 @@ def ensure_dir(path: Path, parents: bool = False) -> None:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
+def make_dirs(path: Path) -> list[Path]:
+    """`mkdir -p` for a place outside the job directory (the directory of an `--output`).
+
+    Existing components may be links and are followed, as in any path a user types; missing ones
+    are created with `DIR_MODE`, and one that another process creates meanwhile is fine. Returns
+    the directories this call created, outermost first. If one cannot be created, those already
+    made are removed again and the OSError names the directory that failed."""
+    missing: list[Path] = []
+    current = path
+    while not _is_dir_in_the_way(current):
+        missing.append(current)
+        current = current.parent
+    created: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            if _mkdir_or_found(directory):
+                created.append(directory)
+    except OSError:
+        remove_dirs(created)
+        raise
+    if created:
+        fsync_dir(created[0].parent)
+    return created
+
+
+def _is_dir_in_the_way(path: Path) -> bool:
+    """True if `path` is a directory (through links), False if it is missing (or a component
+    above it is not a directory: that one is found further up); NotADirectoryError for anything
+    else in its place, naming it."""
+    try:
+        mode = os.stat(path).st_mode
+    except NotADirectoryError:
+        return False
+    except FileNotFoundError:
+        if not _is_link(path):
+            return path.parent == path
+        try:
+            mode = os.stat(path).st_mode  # not a link after all: created meanwhile
+        except FileNotFoundError:
+            raise NotADirectoryError(errno.ENOTDIR, "is a broken symbolic link, not a directory", str(path)) from None
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(errno.ENOTDIR, "is not a directory", str(path))
+    return True
+
+
+def _mkdir_or_found(directory: Path) -> bool:
+    """mkdir; True if this call created it, False if another process did. A caching NAS can say
+    EEXIST for a racing mkdir before the new directory shows (both racers may hear EEXIST): the
+    lookup is retried for a while before that counts as an error."""
+    for attempt in range(MKDIR_VISIBLE_TRIES):
+        try:
+            os.mkdir(directory, DIR_MODE)
+            return True
+        except FileExistsError:
+            if _is_dir_in_the_way(directory):
+                return False
+        time.sleep(0.02 * (attempt + 1))
+    raise FileExistsError(errno.EEXIST, "mkdir says it exists, yet it never shows", str(directory))
+
+
+def remove_dirs(created: list[Path]) -> None:
+    """Remove directories `make_dirs` created, innermost first, each only while it is empty."""
+    for directory in reversed(created):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+
+
 def _temp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def probe_create(target: Path) -> None:
+    """Create and remove the kind of temporary file `AtomicOutput` writes beside `target`: proves
+    now, before any work, that the directory takes new files (permissions, a read-only mount)."""
+    tmp = _temp_name(target)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
+    os.unlink(tmp)
 
 
 def fsync_dir(path: Path) -> None:

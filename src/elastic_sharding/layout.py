@@ -73,6 +73,12 @@ class JobLayout:
     def default_output(self) -> Path:
         return self.root / "merged.jsonl"
 
+    @property
+    def own_names(self) -> frozenset[str]:
+        """The names the tool keeps directly in the job directory: no output may take one."""
+        paths = (self.manifest, self.recipe, self.merge_record, self.shards_dir, self.attempts_root, self.state)
+        return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs))
+
     def shard_input(self, shard_id: str) -> Path:
         return self.shards_dir / f"{check_shard_id(shard_id)}.jsonl"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from . import crashpoints, fsops
+from .destination import check_target, prepare_destination
 from .errors import IntegrityError, JobStateError, UsageError
 from .jsonl import BLOCK_SIZE, Offload
 from .layout import JobLayout, attempt_files
@@ -113,19 +114,39 @@ def _explain_mismatch(record: CompletionRecord, source: Path) -> None:
 def merge(
     job_dir: Path, output: Path, overwrite: bool = False, lock_timeout: float | None = None, *, quiet: bool = False
 ) -> MergeRecord:
-    """Merge every shard output in manifest order into `output`, atomically.
+    """Merge every shard output in manifest order into `output`, atomically; missing directories
+    of `output` are created (and removed again if the merge fails).
 
-    `quiet` turns off progress on stderr (a live bar on a terminal, a log line every 10 s
-    elsewhere)."""
+    `quiet` turns off the progress bar on stderr (drawn only on a terminal)."""
     layout = JobLayout(Path(os.path.abspath(job_dir)))
-    output = Path(os.path.abspath(output))
+    output = check_target(output, layout)
     if fsops.lexists(output) and not overwrite:
         raise UsageError(f"{output} already exists; pass --overwrite to replace it")
-    if output.is_dir():
-        raise UsageError(f"{output} is a directory")
-    if not output.parent.is_dir():
-        raise UsageError(f"output directory {output.parent} does not exist")
     shards = completed_outputs(layout, lock_timeout)
+    destination = prepare_destination(output, layout)
+    try:
+        rows, size, merged_sha, merged = _write_merged(shards, output, overwrite, quiet)
+    except BaseException:
+        destination.discard()
+        raise
+    result = MergeRecord(
+        output=str(output),
+        rows=rows,
+        bytes=size,
+        sha256=merged_sha.hexdigest(),
+        merged_at=time.time(),
+        host=socket.gethostname(),
+        shards=merged,
+    )
+    fsops.replace_atomic(layout.merge_record, encode(result))
+    log.info("merged %d rows (%d bytes) into %s", rows, size, output)
+    return result
+
+
+def _write_merged(
+    shards: list[tuple[CompletionRecord, Path]], output: Path, overwrite: bool, quiet: bool
+) -> tuple[int, int, Any, list[MergeShard]]:
+    """Copy every validated shard output into `output` under a temporary name, then publish it."""
     merged: list[MergeShard] = []
     log.info("merging %d shard(s) into %s", len(shards), output)
     rows = size = 0
@@ -146,15 +167,4 @@ def merge(
         offload.drain()
         if not out.commit():
             raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
-    result = MergeRecord(
-        output=str(output),
-        rows=rows,
-        bytes=size,
-        sha256=merged_sha.hexdigest(),
-        merged_at=time.time(),
-        host=socket.gethostname(),
-        shards=merged,
-    )
-    fsops.replace_atomic(layout.merge_record, encode(result))
-    log.info("merged %d rows (%d bytes) into %s", rows, size, output)
-    return result
+    return rows, size, merged_sha, merged

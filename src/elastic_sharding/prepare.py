@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import socket
 import stat
@@ -30,6 +31,7 @@ import orjson
 from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import InputError, JobStateError, UsageError
+from .fingerprints import sha256_files
 from .jsonl import HashingLineReader, Offload, check_keys, file_kind, first_duplicate_key, line_too_long, parse_object
 from .layout import JobLayout
 from .normalize import RowNormalizer, SchemaNode
@@ -251,7 +253,8 @@ def _fingerprint(path: Path, reader: HashingLineReader, kind: str, root: Path) -
 
 
 def _same_request(existing: Manifest, request: Request, inputs_now: list[InputFile]) -> str | None:
-    """Return why `existing` differs from this request, or None if it is the same request."""
+    """Return why `existing` differs from this request, or None if it is the same request (the
+    input files' contents aside: see `_changed_content`)."""
     old = existing.request
     if old.config_sha256 != request.config_sha256:
         return "the recipe changed"
@@ -261,14 +264,54 @@ def _same_request(existing: Manifest, request: Request, inputs_now: list[InputFi
         return f"--num-shards differs ({old.num_shards} vs {request.num_shards})"
     if old.settings != request.settings:
         return "the claim/retry/poll/Ray settings differ"
-    before = [(f.relpath, f.size, f.mtime_ns) for f in existing.inputs]
-    now = [(f.relpath, f.size, f.mtime_ns) for f in inputs_now]
-    if before != now:
-        return "the input files changed (names, sizes or modification times)"
+    change = _changed_file(existing.inputs, inputs_now)
+    return f"the input files changed: {change}" if change else None
+
+
+def _changed_file(before: list[InputFile], now: list[InputFile]) -> str | None:
+    """The first input file whose name, size or modification time differs from the manifest's."""
+    current = {f.relpath: f for f in now}
+    recorded = {f.relpath for f in before}
+    for old in before:
+        new = current.get(old.relpath)
+        if new is None:
+            return f"{old.path} is gone"
+        if new.size != old.size:
+            return f"{new.path}: its size changed ({old.size} bytes when prepared, {new.size} now)"
+        if new.mtime_ns != old.mtime_ns:
+            stamp = f"@{old.mtime_ns // 10**9}.{old.mtime_ns % 10**9:09d}"
+            return (
+                f"{new.path}: its modification time changed ({_utc(old.mtime_ns)} when prepared, {_utc(new.mtime_ns)} now; "
+                f"if only its time changed, `touch -d {stamp} {shlex.quote(new.path)}` restores it and prepare then checks "
+                "its bytes)"
+            )
+    added = [f.path for f in now if f.relpath not in recorded]
+    return f"{added[0]} is new" if added else None
+
+
+def _utc(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
+
+
+def _changed_content(before: list[InputFile], now: list[InputFile], quiet: bool) -> str | None:
+    """The first input file whose bytes differ from the manifest's sha256 (all hashed at once);
+    `now` holds the same names as `before`."""
+    path_of = {f.relpath: Path(f.path) for f in now}
+    paths = [path_of[old.relpath] for old in before]
+    for old, path, digest in zip(before, paths, sha256_files(paths, quiet)):
+        if digest != old.sha256:
+            return (
+                f"the input files changed: {path}: its content changed since the job was prepared (sha256 {digest[:12]}... "
+                f"now, {old.sha256[:12]}... then) though its size and modification time did not"
+            )
     return None
 
 
-def _check_existing(job: JobLayout, request: Request, dataset: Path) -> Manifest | None:
+def _check_existing(job: JobLayout, request: Request, dataset: Path, verify_content: bool, quiet: bool) -> Manifest | None:
+    """The job already in `job`, if it holds exactly this request (a different one is refused).
+
+    Names, sizes and modification times of the input files are compared first; then, unless
+    `verify_content` is off, every file is hashed again and compared with its recorded sha256."""
     if not job.root.exists() and not job.root.is_symlink():
         return None
     if not job.manifest.is_file():
@@ -277,9 +320,13 @@ def _check_existing(job: JobLayout, request: Request, dataset: Path) -> Manifest
     kind, root, files = _discover(dataset)
     current = []
     for path in files:
-        st = path.stat()
+        st = _stat(path)
         current.append(InputFile(str(path), _relpath(path, kind, root), st.st_size, st.st_mtime_ns, "", 0))
     why = _same_request(existing, request, current)
+    if why is None and verify_content:
+        log.info("checking that the %d input file(s) are unchanged (sha256)", len(files))
+        crashpoints.reached("prepare-rehashing")
+        why = _changed_content(existing.inputs, current, quiet)
     if why is None:
         return existing
     raise JobStateError(
@@ -327,11 +374,12 @@ def preflight(req: PrepareRequest) -> _Checked:
     return _Checked(base, config_path, config_sha, dataset, job)
 
 
-def prepare(req: PrepareRequest, *, quiet: bool = False) -> PrepareResult:
+def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = True) -> PrepareResult:
     """Prepare the job `req` describes (a no-op if the job directory already holds exactly it).
 
-    `quiet` turns off progress on stderr (a live bar on a terminal, a log line every 10 s
-    elsewhere); warnings and results are still logged."""
+    `quiet` turns off progress bars on stderr (drawn only on a terminal); warnings and results
+    are still logged. `verify_content=False` skips re-hashing the inputs of an existing job: for
+    a `dlc` instance whose prepare coordinator has just done that for the whole submission."""
     base, config_path, config_sha, dataset, job = preflight(req)
     request = Request(
         config_path=str(config_path),
@@ -340,7 +388,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False) -> PrepareResult:
         num_shards=req.num_shards,
         settings=req.settings,
     )
-    existing = _check_existing(job, request, dataset)
+    existing = _check_existing(job, request, dataset, verify_content, quiet)
     if existing is not None:
         log.info("job %s is already prepared with this exact request: nothing to do", job.root)
         return PrepareResult(existing, created=False)
@@ -356,7 +404,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False) -> PrepareResult:
             manifest = _build(stage, job, request, recipe, kind, root, files, offload, quiet)
         crashpoints.reached("prepare-staged")
         if not fsops.rename_dir(stage, job.root):
-            existing = _check_existing(job, request, dataset)
+            existing = _check_existing(job, request, dataset, verify_content, quiet)
             if existing is None:
                 raise JobStateError(f"could not publish {job.root}")
             shutil.rmtree(stage, ignore_errors=True)

@@ -17,9 +17,12 @@ from typing import Any
 
 import yaml
 
-from .errors import RecipeError
+from .errors import RecipeError, UsageError
 
 log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEMO_RECIPE = PROJECT_ROOT / "demos" / "elastic_sharding" / "configs" / "demo.yaml"
 
 MEDIA_KEY_DEFAULTS = {"image_key": "images", "audio_key": "audios", "video_key": "videos"}
 PATH_SUFFIXES = ("_path", "_dir", "_file", "_paths", "_dirs")
@@ -62,6 +65,19 @@ def _op_entry(item: Any, position: int, source: Path) -> tuple[str, dict[str, An
         if isinstance(name, str) and isinstance(params, dict):
             return name, params
     raise RecipeError(f"{source}: process[{position}] must be an operator name or a one-key mapping of name to parameters")
+
+
+def recipe_and_base(config: Path | None) -> tuple[Path, Path | None]:
+    """The recipe to use, and where its relative paths resolve from.
+
+    Without `--config` the bundled demo recipe is used; its relative data path resolves from the
+    project root, so the demo works from any working directory.
+    """
+    if config is not None:
+        return config, None
+    if not DEMO_RECIPE.is_file():
+        raise UsageError(f"no --config given and the bundled demo recipe {DEMO_RECIPE} is not there; pass --config")
+    return DEMO_RECIPE, PROJECT_ROOT
 
 
 def read_recipe(path: Path) -> tuple[dict[str, Any], str]:

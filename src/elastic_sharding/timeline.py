@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import hashlib
 import html
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from typing import Any
 import orjson
 
 from . import fsops
-from .errors import UsageError
+from .destination import check_target, prepare_destination
+from .layout import JobLayout
 from .report import Status
 from .state import ATTEMPT_STALE, OUTCOMES, SUPERSEDED, AttemptView
 
@@ -761,17 +763,18 @@ def render_report(status: dict[str, Any], attempts: list[AttemptView], now: floa
 
 def write_report(job_dir: Path, output: Path, lock_timeout: float | None = None) -> int:
     """Render the job's report to `output` (replaced atomically); returns the number of attempt bars."""
-    output = Path(output)
-    parent = output.parent
-    if not parent.is_dir():
-        raise UsageError(f"report output directory {parent} does not exist")
-    if output.is_dir():
-        raise UsageError(f"report output {output} is a directory")
-    status = Status(Path(job_dir), lock_timeout)
+    layout = JobLayout(Path(os.path.abspath(job_dir)))
+    output = check_target(output, layout)
+    status = Status(layout.root, lock_timeout)
     page = render_report(status.as_json(), status.attempts, status.at)
-    with fsops.atomic_output(output) as out:
-        out.file.write(page.encode())
-        out.commit()
+    destination = prepare_destination(output, layout)
+    try:
+        with fsops.atomic_output(output) as out:
+            out.file.write(page.encode())
+            out.commit()
+    except BaseException:
+        destination.discard()
+        raise
     return len(status.attempts)
 
 

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..destination import check_target, inside_job, prepare_destination
 from ..errors import ElasticShardError, UsageError
 from ..layout import JobLayout
 from ..merge import merge
 from ..prepare import PrepareRequest, preflight, prepare
+from ..recipe import recipe_and_base
 from ..records import Settings
 from ..report import Status
 from ..retry import retry
@@ -21,9 +23,6 @@ from ..runners.process import set_parent_death_signal
 from ..verify import verify_merged, verify_shards
 
 log = logging.getLogger(__name__)
-
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
-DEMO_RECIPE = PROJECT_ROOT / "demos" / "elastic_sharding" / "configs" / "demo.yaml"
 
 
 @dataclass
@@ -47,19 +46,6 @@ class JobRequest:
         return Path(os.path.abspath(self.output)) if self.output is not None else self.layout.default_output
 
 
-def recipe_and_base(config: Path | None) -> tuple[Path, Path | None]:
-    """The recipe to use, and where its relative paths resolve from.
-
-    Without `--config` the bundled demo recipe is used; its relative data path resolves from the
-    project root, so the demo works from any working directory.
-    """
-    if config is not None:
-        return config, None
-    if not DEMO_RECIPE.is_file():
-        raise UsageError(f"no --config given and the bundled demo recipe {DEMO_RECIPE} is not there; pass --config")
-    return DEMO_RECIPE, PROJECT_ROOT
-
-
 def prepare_request(req: JobRequest) -> PrepareRequest:
     config, base = recipe_and_base(req.config)
     return PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base)
@@ -67,14 +53,17 @@ def prepare_request(req: JobRequest) -> PrepareRequest:
 
 def preflight_job(req: JobRequest) -> None:
     """Refuse bad parameters before a launcher writes or processes anything: a wrong `--output`
-    found only at the merge would waste the whole run."""
+    found only at the merge would waste the whole run. Its missing directories are created now
+    and tried with a file, unless it lies in the job directory, which prepare creates and merge
+    fills in."""
     preflight(prepare_request(req))
-    if req.output is not None:
-        output = req.output_path
-        if output.is_dir():
-            raise UsageError(f"--output {output} is a directory")
-        if output.parent != req.layout.root and not output.parent.is_dir():
-            raise UsageError(f"the directory of --output does not exist: {output.parent}")
+    if req.output is None:
+        return
+    layout = req.layout
+    if inside_job(req.output_path, layout):
+        check_target(req.output_path, layout)
+    else:
+        prepare_destination(req.output_path, layout)
 
 
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
@@ -92,9 +81,11 @@ def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
 
 def check_same_request(req: JobRequest) -> None:
     """An instance that did not prepare checks that the job is the one its own command asks for
-    (same recipe, input, shard count and settings): a no-op `prepare` that refuses a mismatch."""
+    (same recipe, input, shard count and settings): a no-op `prepare` that refuses a mismatch.
+    The input's bytes are not hashed again here: the prepare coordinator of this submission has
+    just done that, once for every instance."""
     try:
-        prepare(prepare_request(req), quiet=True)
+        prepare(prepare_request(req), quiet=True, verify_content=False)
     except ElasticShardError as exc:
         raise UsageError(f"this instance's command differs from the one the job was prepared with: {exc}") from None
 

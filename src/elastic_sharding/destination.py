@@ -1,0 +1,75 @@
+"""Where a command publishes its final file: the `--output` of `merge`, `report` and the launchers.
+
+Like the original tool, a missing directory of `--output` is created (`mkdir -p`, with the tool's
+modes). It is created and tried with a temporary file at once, before any shard is merged or any
+job is started, so a place that cannot take the file (permission denied, a file in the way, a
+read-only mount) fails in one line before work is spent, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import fsops
+from .errors import UsageError
+from .layout import JobLayout
+
+
+@dataclass
+class Destination:
+    path: Path
+    created: list[Path] = field(default_factory=list)
+
+    def discard(self) -> None:
+        """Remove the directories made for this output (those still empty) after a failure."""
+        fsops.remove_dirs(self.created)
+        self.created = []
+
+
+def _job_part(output: Path, layout: JobLayout) -> str | None:
+    """The first component of `output` below the job directory, or None if it lies elsewhere."""
+    try:
+        relative = output.relative_to(layout.root)
+    except ValueError:
+        return None
+    return relative.parts[0] if relative.parts else ""
+
+
+def check_target(output: Path, layout: JobLayout | None = None, flag: str = "--output") -> Path:
+    """The absolute output path, refused if it is a directory or would replace the job's own files."""
+    output = Path(os.path.abspath(output))
+    if output.is_dir():
+        raise UsageError(f"{flag} {output} is a directory")
+    if layout is not None:
+        part = _job_part(output, layout)
+        if part in layout.own_names:
+            raise UsageError(
+                f"{flag} {output} is inside the job's own {part}; write it directly in the job directory or elsewhere"
+            )
+    return output
+
+
+def prepare_destination(output: Path, layout: JobLayout | None = None, flag: str = "--output") -> Destination:
+    """Check `output`, create its missing directories and prove a file can be created there."""
+    output = check_target(output, layout, flag)
+    parent = output.parent
+    try:
+        created = fsops.make_dirs(parent)
+    except NotADirectoryError as exc:
+        if exc.filename == str(parent):
+            raise UsageError(f"{flag} {output}: {parent} {exc.strerror}") from None
+        raise UsageError(f"{flag} {output}: cannot create directory {parent}: {exc.filename} {exc.strerror}") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None
+    try:
+        fsops.probe_create(output)
+    except OSError as exc:
+        fsops.remove_dirs(created)
+        raise UsageError(f"{flag} {output}: cannot write in {parent}: {exc.strerror or exc}") from None
+    return Destination(output, created)
+
+
+def inside_job(output: Path, layout: JobLayout) -> bool:
+    return _job_part(Path(os.path.abspath(output)), layout) is not None
