@@ -215,10 +215,40 @@ def test_launchers_refuse_a_place_that_cannot_be_created_before_anything_starts(
         assert snapshot(tmp_path) == before, what
 
 
+@pytest.mark.parametrize("command", ["dlc", "local"])
+def test_launchers_refuse_an_existing_output_up_front_but_keep_their_own_merge(tmp_path, launch, command):
+    job, output = tmp_path / "job", tmp_path / "out.jsonl"
+    output.write_text("somebody else's file\n")
+    extra = launcher_args(command, tmp_path)
+    assert launch(command, "--job-dir", str(job), "--output", str(output), *extra) == [2]
+    text = (tmp_path / f"{command}-0.log").read_text()
+    refused(subprocess.CompletedProcess([], 2, "", text), f"--output {output} already exists and is not this job's merge")
+    assert not job.exists() and output.read_text() == "somebody else's file\n"
+    output.unlink()
+    assert launch(command, "--job-dir", str(job), "--output", str(output), *extra) == [0]
+    merged = snapshot(tmp_path)["out.jsonl"]
+    assert launch(command, "--job-dir", str(job), "--output", str(output), *extra) == [0], "a rerun keeps its own merge"
+    assert snapshot(tmp_path)["out.jsonl"] == merged, "and does not rewrite it"
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(output.read_bytes())
+    assert launch(command, "--job-dir", str(job), "--output", str(other), *extra) == [2]
+    assert f"this job was merged into {output}" in (tmp_path / f"{command}-0.log").read_text()
+
+
 @needs_unshare
 def test_two_node_wrapper_creates_the_missing_directories_of_output(tmp_path, launch):
     job, output = tmp_path / "two-node", tmp_path / NEW / "two-node.jsonl"
     hosts = ("unshare", "--uts", "sh", "-c", 'hostname "node-{i}" && exec "$@"', "sh")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way\n")
+    blocked = blocker / "sub" / "two-node.jsonl"
+    codes = launch(
+        "dlc", f"--job-dir={job}", "--output", str(blocked), "--num-shards", "2", "--run-id", "t", script=("--two-node",)
+    )
+    text = (tmp_path / "dlc-0.log").read_text()
+    (tmp_path / "dlc-0.log").unlink()
+    assert codes == [2] and not job.exists() and not coordination_root(job).exists()
+    refused(subprocess.CompletedProcess([], 2, "", text), f"--output {blocked}", f"{blocker} is not a directory")
     codes = launch("dlc", f"--job-dir={job}", "--output", str(output), "--num-shards", "2", "--run-id", "t",
                    count=2, prefix=hosts, script=("--two-node",))  # fmt: skip
     assert codes == [0, 0], (tmp_path / "dlc-0.log").read_text()[-3000:]

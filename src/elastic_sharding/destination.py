@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import fsops
-from .errors import UsageError
+from .errors import JobStateError, UsageError
 from .layout import JobLayout
+from .records import MergeRecord, load
 
 
 @dataclass
@@ -73,3 +74,28 @@ def prepare_destination(output: Path, layout: JobLayout | None = None, flag: str
 
 def inside_job(output: Path, layout: JobLayout) -> bool:
     return _job_part(Path(os.path.abspath(output)), layout) is not None
+
+
+def refuse_foreign_output(output: Path, layout: JobLayout) -> None:
+    """A launcher keeps an existing output only if it is this job's merge: refuse any other file
+    now, before the run, not after it. "This job's merge" is judged cheaply here (merge.json
+    names it, with its size); finalize verifies it byte for byte. With the job directory there
+    but no merge.json yet, the decision is left to finalize: another node may be publishing both."""
+    output = Path(os.path.abspath(output))
+    if not fsops.lexists(output) or (layout.root.is_dir() and not fsops.lexists(layout.merge_record)):
+        return
+    why = "the job has not been prepared yet"
+    if fsops.lexists(layout.merge_record):
+        try:
+            record = load(MergeRecord, layout.merge_record)
+        except JobStateError as exc:
+            raise UsageError(f"--output {output} already exists and this job's merge record is unreadable: {exc}") from None
+        if os.path.abspath(record.output) != str(output):
+            why = f"this job was merged into {record.output}"
+        elif os.stat(output).st_size != record.bytes:
+            why = f"its size differs from this job's merge ({record.bytes} bytes)"
+        else:
+            return
+    raise UsageError(
+        f"--output {output} already exists and is not this job's merge ({why}); move it away or pass another --output"
+    )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..destination import check_target, inside_job, prepare_destination
+from ..destination import check_target, inside_job, prepare_destination, refuse_foreign_output
 from ..errors import ElasticShardError, UsageError
 from ..layout import JobLayout
 from ..merge import merge
@@ -55,15 +55,13 @@ def preflight_job(req: JobRequest) -> None:
     """Refuse bad parameters before a launcher writes or processes anything: a wrong `--output`
     found only at the merge would waste the whole run. Its missing directories are created now
     and tried with a file, unless it lies in the job directory, which prepare creates and merge
-    fills in."""
+    fills in; an existing file there that is not this job's merge is refused."""
     preflight(prepare_request(req))
-    if req.output is None:
-        return
     layout = req.layout
-    if inside_job(req.output_path, layout):
-        check_target(req.output_path, layout)
-    else:
-        prepare_destination(req.output_path, layout)
+    output = check_target(req.output_path, layout)
+    refuse_foreign_output(output, layout)
+    if not inside_job(output, layout):
+        prepare_destination(output, layout)
 
 
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
