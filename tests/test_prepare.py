@@ -213,6 +213,28 @@ def test_sha256_files_hashes_many_files_at_once_in_order(tmp_path):
         sha256_files(paths, quiet=True)
 
 
+def test_sha256_files_hashes_two_files_at_the_same_time(tmp_path, monkeypatch):
+    """Each file's hashing waits until another file is being hashed too: only hashing in parallel passes."""
+    import threading
+
+    from elastic_sharding import fingerprints
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: files are hashed one at a time")
+    together = threading.Barrier(2, timeout=30)
+    original = fingerprints._sha256_file
+
+    def meet_then_hash(path, advance):
+        together.wait()
+        return original(path, advance)
+
+    monkeypatch.setattr(fingerprints, "_sha256_file", meet_then_hash)
+    paths = [tmp_path / "a", tmp_path / "b"]
+    for path in paths:
+        path.write_bytes(b"x" * 1000)
+    assert fingerprints.sha256_files(paths, quiet=True) == [hashlib.sha256(b"x" * 1000).hexdigest()] * 2
+
+
 def test_relative_paths_resolve_from_the_working_directory(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "data" / "d.jsonl", sample_rows(4))
     (tmp_path / "r.yaml").write_text("dataset_path: data/d.jsonl\nprocess:\n  - whitespace_normalization_mapper:\n")
