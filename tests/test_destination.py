@@ -295,3 +295,30 @@ def test_make_dirs_removes_what_it_made_when_a_level_fails(tmp_path, monkeypatch
         fsops.make_dirs(tmp_path / "a" / "b" / "c" / "d")
     assert caught.value.filename == str(tmp_path / "a" / "b" / "c")
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("make", [fsops.ensure_dir, fsops.make_dirs], ids=["ensure_dir", "make_dirs"])
+def test_a_directory_that_mkdir_says_exists_before_it_shows_is_waited_for(tmp_path, monkeypatch, make):
+    """GlusterFS's caching mode (seen in the fault matrix): mkdir says EEXIST, and the directory
+    shows on this node only a moment later."""
+    real_mkdir = os.mkdir
+    target = tmp_path / "shard"
+    told = threading.Event()
+
+    def mkdir(path, mode=0o777):
+        if Path(path) != target:
+            return real_mkdir(path, mode)
+        if not told.is_set():  # "created" on the server: shows here in 0.1 s, EEXIST meanwhile
+            told.set()
+            threading.Timer(0.1, real_mkdir, (path, mode)).start()
+        raise FileExistsError(17, "File exists", str(path))
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    make(target)
+    assert told.is_set() and target.is_dir()
+    never = tmp_path / "never"
+    monkeypatch.setattr(
+        os, "mkdir", lambda path, mode=0o777: (_ for _ in ()).throw(FileExistsError(17, "File exists", str(path)))
+    )
+    with pytest.raises(FileExistsError, match="never shows"):
+        make(never)

@@ -139,21 +139,22 @@ def ensure_dir(path: Path, parents: bool = False) -> None:
     refused, so nothing is ever created through a planted link. Missing parents are created
     only if asked (they are above the place the tool confines itself to)."""
     try:
-        os.mkdir(path, DIR_MODE)
-        return
-    except FileExistsError:
-        pass
+        _mkdir_or_found(path, _is_own_dir)
     except FileNotFoundError:
         if not parents or path.parent == path:
             raise
         ensure_dir(path.parent, parents=True)
         ensure_dir(path)
-        return
+
+
+def _is_own_dir(path: Path) -> bool:
+    """True if `path` is a directory (never through a link), False if it does not show (yet)."""
     found = kind(path)
     if found == "link":
         raise LinkRefused(path)
-    if found != "dir":
+    if found not in ("dir", None):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+    return found == "dir"
 
 
 def make_dirs(path: Path) -> list[Path]:
@@ -171,7 +172,7 @@ def make_dirs(path: Path) -> list[Path]:
     created: list[Path] = []
     try:
         for directory in reversed(missing):
-            if _mkdir_or_found(directory):
+            if _mkdir_or_found(directory, _is_dir_in_the_way):
                 created.append(directory)
     except OSError:
         remove_dirs(created)
@@ -201,16 +202,17 @@ def _is_dir_in_the_way(path: Path) -> bool:
     return True
 
 
-def _mkdir_or_found(directory: Path) -> bool:
-    """mkdir; True if this call created it, False if another process did. A caching NAS can say
-    EEXIST for a racing mkdir before the new directory shows (both racers may hear EEXIST): the
-    lookup is retried for a while before that counts as an error."""
+def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
+    """mkdir; True if this call created it, False if it was there. A caching NAS can say EEXIST
+    before the directory shows (GlusterFS: also to both of two racing creators, or to a lone
+    one), so when `is_dir` does not see it yet, mkdir and the lookup are retried for a while
+    before that counts as an error; `is_dir` raises for anything else in its place."""
     for attempt in range(MKDIR_VISIBLE_TRIES):
         try:
             os.mkdir(directory, DIR_MODE)
             return True
         except FileExistsError:
-            if _is_dir_in_the_way(directory):
+            if is_dir(directory):
                 return False
         time.sleep(0.02 * (attempt + 1))
     raise FileExistsError(errno.EEXIST, "mkdir says it exists, yet it never shows", str(directory))
