@@ -20,8 +20,7 @@ from .records import MergeRecord, load
 
 @dataclass
 class Destination:
-    path: Path
-    created: list[Path] = field(default_factory=list)
+    created: list[Path] = field(default_factory=list)  # the directories made for it, outermost first
 
     def discard(self) -> None:
         """Remove the directories made for this output (those still empty) after a failure."""
@@ -38,38 +37,35 @@ def _job_part(output: Path, layout: JobLayout) -> str | None:
     return relative.parts[0] if relative.parts else ""
 
 
-def check_target(output: Path, layout: JobLayout | None = None, flag: str = "--output") -> Path:
+def check_target(output: Path, layout: JobLayout) -> Path:
     """The absolute output path, refused if it is a directory or would replace the job's own files."""
     output = Path(os.path.abspath(output))
     if output.is_dir():
-        raise UsageError(f"{flag} {output} is a directory")
-    if layout is not None:
-        part = _job_part(output, layout)
-        if part in layout.own_names:
-            raise UsageError(
-                f"{flag} {output} is inside the job's own {part}; write it directly in the job directory or elsewhere"
-            )
+        raise UsageError(f"--output {output} is a directory")
+    part = _job_part(output, layout)
+    if part in layout.own_names:
+        raise UsageError(f"--output {output} is inside the job's own {part}; write it directly in the job directory or elsewhere")
     return output
 
 
-def prepare_destination(output: Path, layout: JobLayout | None = None, flag: str = "--output") -> Destination:
+def prepare_destination(output: Path, layout: JobLayout) -> Destination:
     """Check `output`, create its missing directories and prove a file can be created there."""
-    output = check_target(output, layout, flag)
+    output = check_target(output, layout)
     parent = output.parent
     try:
         created = fsops.make_dirs(parent)
     except NotADirectoryError as exc:
         if exc.filename == str(parent):
-            raise UsageError(f"{flag} {output}: {parent} {exc.strerror}") from None
-        raise UsageError(f"{flag} {output}: cannot create directory {parent}: {exc.filename} {exc.strerror}") from None
+            raise UsageError(f"--output {output}: {parent} {exc.strerror}") from None
+        raise UsageError(f"--output {output}: cannot create directory {parent}: {exc.filename} {exc.strerror}") from None
     except OSError as exc:
-        raise UsageError(f"{flag} {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None
+        raise UsageError(f"--output {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None
     try:
         fsops.probe_create(output)
     except OSError as exc:
         fsops.remove_dirs(created)
-        raise UsageError(f"{flag} {output}: cannot write in {parent}: {exc.strerror or exc}") from None
-    return Destination(output, created)
+        raise UsageError(f"--output {output}: cannot write in {parent}: {exc.strerror or exc}") from None
+    return Destination(created)
 
 
 def inside_job(output: Path, layout: JobLayout) -> bool:

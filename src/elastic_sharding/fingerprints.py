@@ -23,7 +23,7 @@ from .progress import Progress
 READ_SIZE = 4 << 20
 
 
-def sha256_files(paths: Sequence[Path], quiet: bool = False, label: str = "checking input") -> list[str]:
+def sha256_files(paths: Sequence[Path], quiet: bool = False) -> list[str]:
     """The hex sha256 of each file, in the order given; progress (bytes) on a terminal."""
     sizes = []
     for path in paths:
@@ -33,7 +33,10 @@ def sha256_files(paths: Sequence[Path], quiet: bool = False, label: str = "check
             raise InputError(f"cannot access: {exc.strerror or exc}", path) from None
     lock = threading.Lock()
     workers = max(1, min(len(paths), os.cpu_count() or 1))
-    with Progress(label, sum(sizes), quiet) as progress, ThreadPoolExecutor(workers, thread_name_prefix="sha256") as pool:
+    with (
+        Progress("checking input", sum(sizes), quiet) as progress,
+        ThreadPoolExecutor(workers, thread_name_prefix="sha256") as pool,
+    ):
 
         def advance(done: int) -> None:
             with lock:
