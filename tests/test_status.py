@@ -92,6 +92,18 @@ def test_eta_is_remaining_bytes_over_the_running_workers_recent_rates():
     assert [r.est_fraction for r in nodes["a"].running + nodes["b"].running] == [pytest.approx(0.5), pytest.approx(0.25)]
 
 
+def test_a_running_worker_without_a_finished_shard_counts_with_the_mean_rate_in_eta_and_rows_per_sec():
+    """a (10 rows/s) and b (5 rows/s) are done and idle; c, on a new node, runs its first shard:
+    both the ETA and the job's rows/s now count c at the mean of all workers, so they agree."""
+    history = _history()[:6] + [_attempt(6, "c", 3, 40, None)]
+    views = _views({i: DONE for i in range(6)} | {6: RUNNING})
+    m = job_metrics(views, history, now=45.0)
+    assert m.active_workers == 1
+    assert m.rows_per_sec == pytest.approx(7.5) and m.bytes_per_sec == pytest.approx(75.0)
+    assert m.eta.secs == pytest.approx(4 * SHARD_BYTES / 75.0)
+    assert {n.host: n.rows_per_sec for n in m.nodes}["c"] is None, "a node's own rate is only what it measured"
+
+
 def test_runtime_start_up_is_left_out_of_a_workers_rate():
     """b's first shard took 40 s, 20 of them starting its warm runtime: b does 1000 B in 20 s."""
     history = _history()

@@ -19,8 +19,9 @@ The rules, also documented in the README ("Reading status"):
   over the time its owner expects (its previous throughput, published in the heartbeat), capped
   at RUNNING_CAP; an attempt still starting or queued counts as not started.
 - ETA = remaining normalized bytes (shards neither done nor failed, less the estimated done part
-  of running ones) / the sum of the running workers' byte rates. A running worker without a
-  finished shard yet counts with the mean rate of its node's workers, else of all workers. In
+  of running ones) / the sum of the running workers' byte rates; the job's rows/s now is the sum
+  of their row rates. A running worker without a finished shard yet counts with the mean rate of
+  its node's workers, else of all workers (in both, so the two always agree). In
   the tail the job cannot end before its slowest running shard, so the ETA is at least the
   longest expected remaining time of a running attempt.
 - A running attempt is a straggler once at least STRAGGLER_MIN_DONE shards have completed and the
@@ -167,8 +168,8 @@ def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], fl
     return rates
 
 
-def _mean_bytes_rate(rates: list[_Rate]) -> float | None:
-    known = [r.bytes_per_sec for r in rates if r.bytes_per_sec]
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v]
     return sum(known) / len(known) if known else None
 
 
@@ -200,7 +201,8 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
 
     per_sec_per_byte = _seconds_per_byte(completed, starts)
     remaining = sum(v.spec.bytes for v in views if v.state not in (DONE, FAILED))
-    active: dict[tuple[str, int], float | None] = {}
+    active: dict[tuple[str, int], float | None] = {}  # running worker -> bytes/s
+    active_rows: dict[tuple[str, int], float | None] = {}  # and rows/s
     stragglers = []
     longest = 0.0
     for attempt in running:
@@ -221,10 +223,11 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         remaining -= fraction * attempt.input_bytes
         worker = (attempt.host, attempt.pid)
         if worker in rates:
-            active[worker] = rates[worker].bytes_per_sec
-        else:
+            active[worker], active_rows[worker] = rates[worker].bytes_per_sec, rates[worker].rows_per_sec
+        elif worker not in active:
             host_rates = [rate for (host, _), rate in rates.items() if host == attempt.host]
-            active.setdefault(worker, _mean_bytes_rate(host_rates) or _mean_bytes_rate(all_rates))
+            active[worker] = _mean([r.bytes_per_sec for r in host_rates]) or _mean([r.bytes_per_sec for r in all_rates])
+            active_rows[worker] = _mean([r.rows_per_sec for r in host_rates]) or _mean([r.rows_per_sec for r in all_rates])
         rate = active[worker]
         expected = expected or (attempt.input_bytes / rate if rate else None)
         if expected is not None:
@@ -248,7 +251,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
     elapsed = max(0.0, end - started_at) if started_at is not None else 0.0
     rows_done = sum(v.spec.rows for v in views if v.state == DONE)
     bytes_rate = sum(rate for rate in active.values() if rate) or None
-    rows_rate = sum((rates[w].rows_per_sec or 0.0) for w in active if w in rates) or None
+    rows_rate = sum(rate for rate in active_rows.values() if rate) or None
     return JobMetrics(
         started_at=started_at,
         elapsed_secs=elapsed,
