@@ -48,9 +48,9 @@ def check_target(output: Path, layout: JobLayout) -> Path:
     return output
 
 
-def prepare_destination(output: Path, layout: JobLayout) -> Destination:
-    """Check `output`, create its missing directories and prove a file can be created there."""
-    output = check_target(output, layout)
+def prepare_destination(output: Path) -> Destination:
+    """Create the missing directories of `output` (as `check_target` returned it) and prove a
+    file can be created there."""
     parent = output.parent
     try:
         created = fsops.make_dirs(parent)
@@ -69,15 +69,15 @@ def prepare_destination(output: Path, layout: JobLayout) -> Destination:
 
 
 def inside_job(output: Path, layout: JobLayout) -> bool:
-    return _job_part(Path(os.path.abspath(output)), layout) is not None
+    return _job_part(output, layout) is not None
 
 
 def refuse_foreign_output(output: Path, layout: JobLayout) -> None:
     """A launcher keeps an existing output only if it is this job's merge: refuse any other file
     now, before the run, not after it. "This job's merge" is judged cheaply here (merge.json
     names it, with its size); finalize verifies it byte for byte. With the job directory there
-    but no merge.json yet, the decision is left to finalize: another node may be publishing both."""
-    output = Path(os.path.abspath(output))
+    but no merge.json yet, the decision is left to finalize: another node may be publishing both.
+    `output` is as `check_target` returned it."""
     if not fsops.lexists(output) or (layout.root.is_dir() and not fsops.lexists(layout.merge_record)):
         return
     why = "the job has not been prepared yet"

@@ -123,7 +123,7 @@ def merge(
     if fsops.lexists(output) and not overwrite:
         raise UsageError(f"{output} already exists; pass --overwrite to replace it")
     shards = completed_outputs(layout, lock_timeout)
-    destination = prepare_destination(output, layout)
+    destination = prepare_destination(output)
     try:
         rows, size, merged_sha, merged = _write_merged(shards, output, overwrite, quiet)
     except BaseException:

@@ -767,7 +767,7 @@ def write_report(job_dir: Path, output: Path, lock_timeout: float | None = None)
     output = check_target(output, layout)
     status = Status(layout.root, lock_timeout)
     page = render_report(status.as_json(), status.attempts, status.at)
-    destination = prepare_destination(output, layout)
+    destination = prepare_destination(output)
     try:
         with fsops.atomic_output(output) as out:
             out.file.write(page.encode())
