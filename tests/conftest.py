@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -169,3 +171,55 @@ def gluster():
 
     with cluster_factory() as make:
         yield make
+
+
+def _rclone_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "an rclone FUSE mount needs root here"
+    missing = [name for name in ("rclone", "fusermount3") if shutil.which(name) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (scripts/system-packages installs rclone and fuse3)"
+    return None if Path("/dev/fuse").exists() else "no /dev/fuse"
+
+
+def _mounted(point: Path) -> bool:
+    escaped = str(point).replace("\\", "\\134").replace(" ", "\\040")
+    return any(line.split()[4] == escaped for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+@pytest.fixture
+def rclone_mount(tmp_path: Path):
+    """A FUSE filesystem without hard links: `rclone mount` of a local directory with a write
+    cache, the way clusters mount object storage (OSS, S3) on every node; unmounted at the end.
+    Yields the mount point (the directory behind it is `bucket` next to it). Skips where rclone,
+    fuse3 or root are missing, and fails there with ELASTIC_SHARD_REQUIRE_CLUSTER=1 (CI)."""
+    reason = _rclone_unavailable()
+    if reason is not None:
+        if os.environ.get("ELASTIC_SHARD_REQUIRE_CLUSTER") == "1":
+            pytest.fail(f"an rclone mount is required (ELASTIC_SHARD_REQUIRE_CLUSTER=1) but unavailable: {reason}")
+        pytest.skip(reason)
+    bucket, point, cache = tmp_path / "bucket", tmp_path / "rclone", tmp_path / "rclone-cache"
+    for directory in (bucket, point, cache):
+        directory.mkdir()
+    log = open(tmp_path / "rclone.log", "wb")  # noqa: SIM115 - the mount keeps it while it runs
+    proc = subprocess.Popen(
+        ["rclone", "mount", str(bucket), str(point), "--vfs-cache-mode", "writes", "--cache-dir", str(cache),
+         "--config", str(tmp_path / "rclone.conf")],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not _mounted(point):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"rclone mount did not come up: {(tmp_path / 'rclone.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield point
+    finally:
+        if _mounted(point):
+            subprocess.run(["fusermount3", "-u", "-z", str(point)], check=False)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

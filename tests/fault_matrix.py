@@ -3,8 +3,9 @@
 Every trial starts from a freshly prepared job on the shared volume, runs workers (the fast fake
 processor from `fakes.py`, in real processes, one per simulated node) and injects one fault:
 
-  kill        SIGKILL a worker at a named crash point (claimed, staged, processing, collecting,
-              publishing, published) or at a random moment; sometimes restart it on its node
+  kill        SIGKILL a worker at a named crash point (probing, claimed, staged, processing,
+              collecting, publishing, published) or at a random moment; sometimes restart it on
+              its node (which removes the probe directory a worker killed mid-probe left)
   kill-merge  SIGKILL `merge` while it writes; the previous output must be untouched
   stall       SIGSTOP a worker mid-shard for two leases, then SIGCONT: it must not publish
   partition   cut a node off the volume mid-shard, heal it later: it must not publish
@@ -13,7 +14,8 @@ processor from `fakes.py`, in real processes, one per simulated node) and inject
               waits a lease) and exits with code 2
   skew        workers with clocks ±1 h off (libfaketime) and one worker killed: no live claim
               stolen, the dead one taken over
-  coordinator `dlc` instances, one of which dies at a crash point of the prepare or finalize phase;
+  coordinator `dlc` instances, one of which dies at a crash point of the prepare or finalize phase
+              (or in its filesystem probe, before it joins);
               sometimes of a resubmission of a finished job (prepare hashes the input again),
               sometimes with every instance creating the same new --output directories
   corrupt     a shard input, an attempt output or a completion record damaged: detected, merge
@@ -59,6 +61,7 @@ from cluster import Cluster, Node, cluster_available  # noqa: E402
 from conftest import SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
 from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
+from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
 from elastic_sharding.merge import merge  # noqa: E402
 from elastic_sharding.prepare import PrepareRequest, prepare  # noqa: E402
 from elastic_sharding.records import Settings  # noqa: E402
@@ -79,8 +82,9 @@ KINDS = {
     "corrupt": 2,
     "enospc": 1,
 }
-CRASH_POINTS = ("claimed", "staged", "processing", "collecting", "publishing", "published")
+CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
 COORDINATOR_POINTS = (
+    "probing",
     "phase-locked:prepare",
     "prepare-staged",
     "phase-done:prepare",
@@ -292,7 +296,8 @@ class Harness:
         victim = rng.randrange(len(self.cluster.nodes))
         delay = rng.uniform(0.3, 1.2)
         if rng.random() < 0.7:
-            point = f"{rng.choice(CRASH_POINTS)}@{rng.choice((1, 1, 2))}"
+            point = rng.choice(CRASH_POINTS)
+            point += "@1" if point == "probing" else f"@{rng.choice((1, 1, 2))}"  # a worker probes once
             outcome = Outcome("kill", f"worker {victim} at {point}")
             job, workers, _ = self._start(name, log_dir, rng, delay, {victim: {"ELASTIC_SHARD_CRASH_AT": point}})
             if wait(workers[victim], 120) == -signal.SIGKILL:
@@ -306,10 +311,15 @@ class Harness:
                 workers[victim].kill()
                 outcome.counts["kills"] += 1
             workers[victim].wait()
-        if rng.random() < 0.5:
+        restarted = rng.random() < 0.5
+        if restarted:
             outcome.counts["restarts"] += 1
             workers[victim] = self.worker(self.node(victim), job, log_dir / "restarted.log", delay)
         self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        left = [name for name in self.node(0).run(["ls", "-A", str(job)]).stdout.split() if name.startswith(PROBE_PREFIX)]
+        outcome.counts["probe_leftovers"] += len(left)  # a SIGKILL mid-probe cannot clean up
+        mine = f"{PROBE_PREFIX}{self.node(victim).name}."
+        outcome.check(not (restarted and any(name.startswith(mine) for name in left)), f"the restarted worker kept {left}")
         return outcome
 
     def trial_kill_merge(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:

@@ -40,6 +40,23 @@ for i in range(count):
 print(json.dumps({"published": published, "made": made, "seen": seen}))
 """
 
+# The job directory's filesystem probe, five times on each node at once, then as prepare runs it:
+# prints the mount type it saw and its median time.
+PROBE = """
+import json, sys, time
+from pathlib import Path
+from elastic_sharding import fsprobe
+root = Path(sys.argv[1])
+times = []
+for _ in range(5):
+    started = time.perf_counter()
+    failure = fsprobe.probe(root)
+    times.append(time.perf_counter() - started)
+    assert failure is None, failure.describe()
+fsprobe.check_job_filesystem(root / "job", creating=True)
+print(json.dumps({"fstype": fsprobe.mount_of(root).fstype, "ms": sorted(times)[2] * 1e3}))
+"""
+
 # Write a new file every 0.2 s until the mount fails: prints the errno and how long it took.
 UNTIL_FAILURE = """
 import sys, time
@@ -123,10 +140,32 @@ def race(cluster: Cluster, count: int = 200) -> list[dict]:
     return results
 
 
+def probe_on_every_node(cluster: Cluster) -> list[dict]:
+    root = cluster.mount / "probe"
+    cluster.nodes[0].run(["mkdir", str(root)], check=True)
+    procs = [
+        node.popen([sys.executable, "-c", PROBE, str(root)], env=NODE_ENV, stdout=subprocess.PIPE, text=True)
+        for node in cluster.nodes
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        results.append(json.loads(out))
+    deadline = time.monotonic() + 5  # a caching volume may list a removed name for about a second
+    while (left := cluster.nodes[0].run(["ls", "-A", str(root)], check=True).stdout.split()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], "every probe directory is removed"
+    return results
+
+
 @pytest.mark.parametrize("mode", ["strict", "cached"])
-def test_exclusive_create_and_publish_once_have_exactly_one_winner_per_name(gluster, mode):
+def test_exclusive_create_and_publish_once_have_exactly_one_winner_per_name_and_the_probe_passes(gluster, mode):
     count = 200
     cluster = gluster(nodes=2, mode=mode)
+    for result in probe_on_every_node(cluster):  # the job directory's filesystem probe, on both nodes at once
+        assert result["fstype"] == "fuse.glusterfs", result
+        print(f"GlusterFS ({mode}): the filesystem probe takes {result['ms']:.1f} ms")
     first, second = race(cluster, count)
     names = [node.name for node in cluster.nodes]
     for kind in ("published", "made"):

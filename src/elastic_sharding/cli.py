@@ -451,7 +451,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "elastic-shard", profile
         sys.stderr.write(f"{prog} {args.command}: interrupted\n")
         return EXIT_ERROR
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
+        where = f" ({exc.filename} -> {exc.filename2})" if exc.filename2 else f" ({exc.filename})" if exc.filename else ""
         sys.stderr.write(f"{prog} {args.command}: error: {exc.strerror or exc}{where}\n")
         return EXIT_ERROR
     except Exception:  # noqa: BLE001 - an unexpected bug must still exit with the error code

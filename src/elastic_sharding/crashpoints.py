@@ -6,14 +6,15 @@ steps. `ELASTIC_SHARD_CRASH_AT=<point>[@<n>]` makes this process SIGKILL itself 
 (default: the first) it reaches `point`. Without that variable, which nobody sets in production,
 `reached()` is one comparison.
 
-Points: `claimed` (a claim was published, nothing else yet), `staged` (attempt directory,
-record and heartbeat exist), `processing` (the engine is mid-shard; the test runner reaches it),
+Points: `claimed` (a claim was published, nothing else yet), `staged` (attempt directory, record
+and heartbeat exist), `processing` (the engine is mid-shard; the test runner reaches it),
 `collecting` (part of processed.jsonl is written), `publishing` (output complete, completion not
-yet published), `published` (completion published, claim not yet marked done), `merging` (part
-of the merged output is written), `prepare-staged` (prepare wrote everything but has not
-published the job), `prepare-rehashing` (a repeated prepare is about to hash the input again to
-prove it unchanged), `phase-locked:<phase>` and `phase-done:<phase>` (a `dlc` coordinator holds
-the phase / finished its work but has not published the result).
+yet published), `published` (completion published, claim not yet marked done), `merging` (part of
+the merged output is written), `prepare-staged` (prepare wrote everything but has not published
+the job), `prepare-rehashing` (a repeated prepare is about to hash the input again to prove it
+unchanged), `probing` (a filesystem probe made its directory, not yet removed),
+`phase-locked:<phase>` and `phase-done:<phase>` (a `dlc` coordinator holds the phase / finished
+its work but has not published the result).
 """
 
 from __future__ import annotations

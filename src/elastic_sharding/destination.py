@@ -48,9 +48,10 @@ def check_target(output: Path, layout: JobLayout) -> Path:
     return output
 
 
-def prepare_destination(output: Path) -> Destination:
+def prepare_destination(output: Path, create_once: bool = False) -> Destination:
     """Create the missing directories of `output` (as `check_target` returned it) and prove a
-    file can be created there."""
+    file can be created there, and with `create_once` published by hard link, as a merge that
+    may not replace an existing file publishes it."""
     parent = output.parent
     try:
         created = fsops.make_dirs(parent)
@@ -61,9 +62,15 @@ def prepare_destination(output: Path) -> Destination:
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None
     try:
-        fsops.probe_create(output)
+        fsops.probe_create(output, create_once)
     except OSError as exc:
         fsops.remove_dirs(created)
+        if exc.filename == str(output):  # the link: a mount without hard links
+            raise UsageError(
+                f"--output {output}: cannot publish it create-once in {parent}: {exc.strerror}; the output is linked into "
+                "place so that a file another writer made meanwhile is never replaced: write it to a POSIX mount and copy "
+                "it here afterwards (or use merge --overwrite, which renames it into place)"
+            ) from None
         raise UsageError(f"--output {output}: cannot write in {parent}: {exc.strerror or exc}") from None
     return Destination(created)
 

@@ -65,3 +65,7 @@ class Aborted(ElasticShardError):
     def __init__(self, message: str, exit_code: int = EXIT_ERROR):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class UnsuitableFilesystem(ElasticShardError):
+    """The job directory's filesystem lacks a guarantee the claim protocol rests on, or cannot be written."""

@@ -225,16 +225,39 @@ def remove_dirs(created: list[Path]) -> None:
             os.rmdir(directory)
 
 
+@contextlib.contextmanager
+def reported_as(path: Path, call: str, tmp: Path | None = None) -> Iterator[None]:
+    """Report an OSError of the calls inside that names no file (a write to an open file) or the
+    hidden temporary file `tmp` against `path`, the file the user knows, naming `call`. Errors
+    that name any other file pass unchanged; the class and errno stay either way, so callers
+    still catch FileNotFoundError and the like."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None and (tmp is None or exc.filename != str(tmp)):
+            raise
+        raise type(exc)(exc.errno, f"{call} failed: {exc.strerror or exc}", str(path)) from exc
+
+
 def _temp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def probe_create(target: Path) -> None:
+def probe_create(target: Path, create_once: bool = False) -> None:
     """Create and remove the kind of temporary file `AtomicOutput` writes beside `target`: proves
-    now, before any work, that the directory takes new files (permissions, a read-only mount)."""
+    now, before any work, that the directory takes new files (permissions, a read-only mount).
+    With `create_once`, also link it to a second name, as a create-once commit publishes it
+    (a mount without hard links fails here, not after the whole job)."""
     tmp = _temp_name(target)
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
-    os.unlink(tmp)
+    try:
+        if create_once:
+            linked = _temp_name(target)
+            with reported_as(target, "link() of its temporary file", tmp):
+                os.link(tmp, linked)
+            os.unlink(linked)
+    finally:
+        os.unlink(tmp)
 
 
 def fsync_dir(path: Path) -> None:
@@ -253,13 +276,15 @@ def fsync_dir(path: Path) -> None:
 
 def _write_temp(target: Path, data: bytes) -> Path:
     tmp = _temp_name(target)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with reported_as(target, "creating a temporary file for it", tmp):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
+        with reported_as(target, "writing its temporary file"):
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -277,7 +302,7 @@ def _link_once(tmp: Path, target: Path) -> bool:
             return True
         except FileExistsError:
             return False
-        except OSError:
+        except OSError as exc:
             # NFS may report an error for a link that a retransmitted request did create:
             # the temp file's link count says what really happened.
             try:
@@ -285,7 +310,8 @@ def _link_once(tmp: Path, target: Path) -> bool:
                     return True
             except OSError:
                 pass
-            raise
+            with reported_as(target, "link() of its temporary file", tmp):
+                raise exc
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -308,7 +334,8 @@ def replace_atomic(target: Path, data: bytes) -> None:
     """Replace `target` with `data` in one step: readers see the old or the new content."""
     tmp = _write_temp(target, data)
     try:
-        os.replace(tmp, target)
+        with reported_as(target, "rename() of its temporary file", tmp):
+            os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -410,17 +437,20 @@ class AtomicOutput:
         self.target = target
         self.replace = replace
         self.tmp = _temp_name(target)
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        with reported_as(target, "creating a temporary file for it", self.tmp):
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
         self._done = False
 
     def commit(self) -> bool:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        with reported_as(self.target, "writing its temporary file"):
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
         self._done = True
         if self.replace:
-            os.replace(self.tmp, self.target)
+            with reported_as(self.target, "rename() of its temporary file", self.tmp):
+                os.replace(self.tmp, self.target)
             created = True
         else:
             created = _link_once(self.tmp, self.target)
@@ -442,7 +472,8 @@ def atomic_output(target: Path, replace: bool = True) -> Iterator[AtomicOutput]:
     """Context manager form of `AtomicOutput`: aborts (removes the temp file) on any exception."""
     out = AtomicOutput(target, replace=replace)
     try:
-        yield out
+        with reported_as(target, "writing its temporary file"):
+            yield out
     except BaseException:
         out.abort()
         raise

@@ -11,8 +11,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from . import crashpoints, fsops
 from .destination import check_target, prepare_destination
@@ -63,13 +64,27 @@ def _completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
     return load(CompletionRecord, path)
 
 
-def _write_and_hash(target: BinaryIO, block: bytes, merged: Any) -> None:
-    target.write(block)
+def _write_and_hash(out: fsops.AtomicOutput, block: bytes, merged: Any) -> None:
+    with fsops.reported_as(out.target, "writing its temporary file"):
+        out.file.write(block)
     merged.update(block)
 
 
+def _read_blocks(record: CompletionRecord, source: Path) -> Iterator[bytes]:
+    """The blocks of a shard output; a file that cannot be read is that shard's IntegrityError
+    (errors writing the merged file are not: they name the merged file)."""
+    try:
+        with fsops.open_read(source, buffering=0) as handle:
+            while block := handle.read(BLOCK_SIZE):
+                yield block
+    except FileNotFoundError:
+        raise IntegrityError(f"{record.shard_id}: output {source} is missing") from None
+    except OSError as exc:
+        raise IntegrityError(f"{record.shard_id}: {exc}") from None
+
+
 def _copy_validated(
-    record: CompletionRecord, source: Path, target: BinaryIO, merged: Any, offload: Offload, progress: Progress
+    record: CompletionRecord, source: Path, out: fsops.AtomicOutput, merged: Any, offload: Offload, progress: Progress
 ) -> int:
     """Copy one shard output into the merged file in large blocks, checking rows, bytes and
     sha256 against its completion record on the way; returns the bytes copied.
@@ -79,19 +94,13 @@ def _copy_validated(
     Only a mismatch re-reads the file, to say which line is wrong."""
     digest = hashlib.sha256()
     rows = size = 0
-    try:
-        with fsops.open_read(source, buffering=0) as handle:
-            while block := handle.read(BLOCK_SIZE):
-                offload.submit(_write_and_hash, target, block, merged)
-                digest.update(block)
-                count = block.count(b"\n")
-                rows += count
-                size += len(block)
-                progress.update(len(block), count)
-    except FileNotFoundError:
-        raise IntegrityError(f"{record.shard_id}: output {source} is missing") from None
-    except OSError as exc:
-        raise IntegrityError(f"{record.shard_id}: {exc}") from None
+    for block in _read_blocks(record, source):
+        offload.submit(_write_and_hash, out, block, merged)
+        digest.update(block)
+        count = block.count(b"\n")
+        rows += count
+        size += len(block)
+        progress.update(len(block), count)
     if (rows, size, digest.hexdigest()) != (record.output_rows, record.output_bytes, record.output_sha256):
         _explain_mismatch(record, source)
     return size
@@ -123,7 +132,7 @@ def merge(
     if fsops.lexists(output) and not overwrite:
         raise UsageError(f"{output} already exists; pass --overwrite to replace it")
     shards = completed_outputs(layout, lock_timeout)
-    destination = prepare_destination(output)
+    destination = prepare_destination(output, create_once=not overwrite)
     try:
         rows, size, merged_sha, merged = _write_merged(shards, output, overwrite, quiet)
     except BaseException:
@@ -158,7 +167,7 @@ def _write_merged(
         Progress("merge", total, quiet) as progress,
     ):
         for record, source in shards:
-            size += _copy_validated(record, source, out.file, merged_sha, offload, progress)
+            size += _copy_validated(record, source, out, merged_sha, offload, progress)
             rows += record.output_rows
             crashpoints.reached("merging")
             merged.append(

@@ -32,6 +32,7 @@ from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import InputError, JobStateError, UsageError
 from .fingerprints import sha256_files
+from .fsprobe import check_job_filesystem
 from .jsonl import HashingLineReader, Offload, check_keys, file_kind, first_duplicate_key, line_too_long, parse_object
 from .layout import JobLayout
 from .normalize import RowNormalizer, SchemaNode
@@ -354,7 +355,8 @@ class _Checked(NamedTuple):
 
 def preflight(req: PrepareRequest) -> _Checked:
     """The checks that need no input scan and no Data-Juicer: settings, the recipe file, where the
-    dataset and the job directory are. Launchers run them before writing anything."""
+    dataset and the job directory are, and whether the job directory's filesystem can coordinate
+    workers (its one write, which leaves nothing). Launchers run them before writing anything."""
     validate_settings(req.settings)
     if req.num_shards < 1:
         raise UsageError("--num-shards must be at least 1")
@@ -371,6 +373,7 @@ def preflight(req: PrepareRequest) -> _Checked:
     _check_locations(job.root, dataset)
     if not job.root.parent.is_dir():
         raise UsageError(f"the parent directory of --job-dir does not exist: {job.root.parent}")
+    check_job_filesystem(job.root, creating=True)
     return _Checked(base, config_path, config_sha, dataset, job)
 
 

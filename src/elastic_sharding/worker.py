@@ -21,6 +21,7 @@ import yaml
 from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import EXIT_ERROR, EXIT_OK, AttemptFailed, JobStateError, VersionMismatchError
+from .fsprobe import check_job_filesystem
 from .layout import JobLayout, attempt_files
 from .lease import (
     DONE,
@@ -151,6 +152,7 @@ class _Lookahead:
 class Worker:
     def __init__(self, job_dir: Path, options: WorkerOptions, runner: Runner | None = None):
         self.layout = JobLayout(Path(os.path.abspath(job_dir)))
+        check_job_filesystem(self.layout.root)
         self.manifest = self.layout.load_manifest()
         self.options = options
         self.settings = effective_settings(self.manifest, options)

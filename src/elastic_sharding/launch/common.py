@@ -61,7 +61,7 @@ def preflight_job(req: JobRequest) -> None:
     output = check_target(req.output_path, layout)
     refuse_foreign_output(output, layout)
     if not inside_job(output, layout):
-        prepare_destination(output)
+        prepare_destination(output, create_once=True)
 
 
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
