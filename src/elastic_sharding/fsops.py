@@ -236,7 +236,11 @@ def reported_as(path: Path, call: str, tmp: Path | None = None) -> Iterator[None
     except OSError as exc:
         if exc.filename is not None and (tmp is None or exc.filename != str(tmp)):
             raise
-        raise type(exc)(exc.errno, f"{call} failed: {exc.strerror or exc}", str(path)) from exc
+        raise _about(exc, path, call) from exc
+
+
+def _about(exc: OSError, path: Path, call: str) -> OSError:
+    return type(exc)(exc.errno, f"{call} failed: {exc.strerror or exc}", str(path))
 
 
 def _temp_name(target: Path) -> Path:
@@ -442,6 +446,17 @@ class AtomicOutput:
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
         self._done = False
 
+    def write(self, data: bytes) -> None:
+        """Write to the temporary file; an error names the target (a file object has no name)."""
+        try:
+            self.file.write(data)
+        except OSError as exc:
+            raise _about(exc, self.target, "writing its temporary file") from exc
+
+    def flush(self) -> None:
+        with reported_as(self.target, "writing its temporary file"):
+            self.file.flush()
+
     def commit(self) -> bool:
         with reported_as(self.target, "writing its temporary file"):
             self.file.flush()
@@ -472,8 +487,7 @@ def atomic_output(target: Path, replace: bool = True) -> Iterator[AtomicOutput]:
     """Context manager form of `AtomicOutput`: aborts (removes the temp file) on any exception."""
     out = AtomicOutput(target, replace=replace)
     try:
-        with reported_as(target, "writing its temporary file"):
-            yield out
+        yield out
     except BaseException:
         out.abort()
         raise

@@ -65,8 +65,7 @@ def _completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
 
 
 def _write_and_hash(out: fsops.AtomicOutput, block: bytes, merged: Any) -> None:
-    with fsops.reported_as(out.target, "writing its temporary file"):
-        out.file.write(block)
+    out.write(block)
     merged.update(block)
 
 

@@ -98,12 +98,12 @@ def _write(processed: Path, rows: Iterable[tuple[int, int, int, bytes]]) -> Outp
                 raise _OutOfOrder
             previous = key
             data = body + b"\n"
-            out.file.write(data)
+            out.write(data)
             digest.update(data)
             size += len(data)
             count += 1
             if count == 1:
-                out.file.flush()
+                out.flush()
                 crashpoints.reached("collecting")
         out.commit()
     return OutputStats(rows=count, bytes=size, sha256=digest.hexdigest())

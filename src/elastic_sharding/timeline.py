@@ -770,7 +770,7 @@ def write_report(job_dir: Path, output: Path, lock_timeout: float | None = None)
     destination = prepare_destination(output)
     try:
         with fsops.atomic_output(output) as out:
-            out.file.write(page.encode())
+            out.write(page.encode())
             out.commit()
     except BaseException:
         destination.discard()
