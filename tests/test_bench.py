@@ -1,7 +1,10 @@
 """The quick benchmark runs end to end and reports every ratio as a number.
 
 It asserts nothing about timings or targets: on a shared CI box those are noise, and a missed
-target is a finding to report, not a broken bench.
+target is a finding to report, not a broken bench. CI runs a bounded subset, one measurement of
+each kind (per-shard overhead, one end-to-end baseline, prepare/merge, claims): the other two
+(`e2e_partitioned`, `hetero`) start seven more Ray runtimes, over two minutes on 2 cores, and
+`bench/run --quick` runs them all.
 """
 
 from __future__ import annotations
@@ -15,23 +18,14 @@ import orjson
 import pytest
 from conftest import REPO
 
-NAMES = (
-    "overhead",
-    "e2e_ray",
-    "e2e_partitioned",
-    "hetero_dynamic",
-    "hetero_static",
-    "prepare",
-    "prepare_noop",
-    "merge",
-    "claims",
-)
+NAMES = ("overhead", "e2e_ray", "prepare", "prepare_noop", "merge", "claims")
 
 
 @pytest.mark.e2e
-def test_quick_bench_reports_every_ratio(tmp_path: Path) -> None:
+def test_quick_bench_reports_every_ratio_it_measures(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    args = [sys.executable, str(REPO / "bench" / "elastic_bench.py"), "--quick", "--json", str(out), "--work-dir", str(tmp_path)]
+    args = [sys.executable, str(REPO / "bench" / "elastic_bench.py"), "--quick", "--only", ",".join(NAMES), "--json", str(out),
+            "--work-dir", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
     report = orjson.loads(out.read_bytes())
@@ -43,7 +37,7 @@ def test_quick_bench_reports_every_ratio(tmp_path: Path) -> None:
             assert isinstance(result[key], float | int) and math.isfinite(result[key]) and result[key] > 0, (name, key, result)
         if name != "claims":
             assert result["ratio"] > 0 and result["baseline_secs"] > 0, (name, result)
-        assert isinstance(result["met"], bool) or name == "hetero_static"
+        assert isinstance(result["met"], bool)
     for name in NAMES:
         assert any(line.startswith(report["results"][name]["label"]) for line in proc.stdout.splitlines()), name
     assert report["machine"]["cores"] >= 1
