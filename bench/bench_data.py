@@ -146,3 +146,11 @@ def write_recipe(
 def sleep_ops(ms_per_row: float) -> list[dict[str, Any]]:
     """The heterogeneous-nodes recipe: one cheap real op plus the per-row sleep."""
     return [{"whitespace_normalization_mapper": {"text_key": "text"}}, {"bench_sleep_mapper": {"ms_per_row": ms_per_row}}]
+
+
+def model_ops(load_log: Path, mode: str, load_secs: float, ms_per_row: float) -> list[dict[str, Any]]:
+    """The warm-operator recipe: the stand-in model op (`bench_model_mapper`) alone, one instance.
+    `num_proc: 1` because two actors would hold both CPUs of a 2-core box and a plain
+    `dj-process` would deadlock waiting for a CPU to read its input."""
+    settings = {"load_secs": load_secs, "ms_per_row": ms_per_row, "load_log": str(load_log)}
+    return [{"bench_model_mapper": {**settings, "ray_execution_mode": mode, "num_proc": 1}}]

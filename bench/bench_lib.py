@@ -263,14 +263,25 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def _parts(path: Path) -> list[Path]:
+    """A JSONL file, or the part files of a Ray output directory."""
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+
+
 def count_lines(path: Path) -> int:
     """Rows of a JSONL file, or of a Ray output directory of part files."""
-    parts = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
     total = 0
-    for part in parts:
+    for part in _parts(path):
         with open(part, "rb") as handle:
             total += sum(chunk.count(b"\n") for chunk in iter(lambda h=handle: h.read(1 << 20), b""))
     return total
+
+
+def rows_by_id(path: Path) -> list[bytes]:
+    """Every row of a JSONL output (file or Ray part files), sorted by `id`: outputs of
+    different executors and shard counts compared row for row, byte for byte."""
+    lines = [line for part in _parts(path) for line in part.read_bytes().splitlines()]
+    return sorted(lines, key=lambda line: orjson.loads(line)["id"])
 
 
 # -- the machine ------------------------------------------------------------------------------------

@@ -7,16 +7,32 @@ never shows up as cost, and the node-resource flags only where `elastic-shard` l
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
-from bench_data import CPU_OPS, sleep_ops, write_dataset, write_recipe, write_tiny_dataset
-from bench_lib import PYTHON, Bench, Result, completions, count_lines, effective_seconds, median, progress, shard_seconds, span
+from bench_data import CPU_OPS, CUSTOM_OPS, model_ops, sleep_ops, write_dataset, write_recipe, write_tiny_dataset
+from bench_lib import (
+    PYTHON,
+    Bench,
+    BenchError,
+    Result,
+    completions,
+    count_lines,
+    effective_seconds,
+    median,
+    progress,
+    rows_by_id,
+    shard_seconds,
+    span,
+)
 
 JOB_SETTINGS = ["--lock-timeout-secs", "120", "--poll-interval-secs", "0.2"]
 PASSTHROUGH = Path(__file__).resolve().parent / "passthrough_worker.py"
@@ -39,6 +55,12 @@ class Sizes:
     claim_shards: int
     claim_workers: int
     repeats: int  # prepare and merge are short: median of this many interleaved runs
+    warm_ops_shards: int
+    warm_ops_rows_per_shard: int
+    warm_ops_process_shards: int  # the process-runner side: a model load and a dj-process per shard
+    shard_cost_rows: int
+    shard_cost_shards: int  # ours: T(this many shards) vs T(1 shard), same rows
+    shard_cost_baseline_shards: int  # the process runner's side, fewer (each shard is a dj-process)
 
 
 def _prepare_argv(recipe: Path, dataset: Path, job: Path, shards: int) -> list[str]:
@@ -59,6 +81,13 @@ def _prepare_all(b: Bench, name: str, jobs: list[tuple[Path, Path, Path, int]]) 
 def _worker(b: Bench, job: Path, runner: str, num_cpus: int | None = None, object_store_mb: int | None = None) -> list[str]:
     flags = b.resource_flags("worker", num_cpus, object_store_mb)
     return b.elastic("worker", "--job-dir", str(job), "--runner", runner, *JOB_SETTINGS, *flags)
+
+
+def _local(b: Bench, recipe: Path, data: Path, job: Path, shards: int, output: Path, runner: str) -> list[str]:
+    """`local --workers 1`: prepare, one worker, verify and merge into `output`."""
+    argv = b.elastic("local", "--workers", "1", "--config", str(recipe), "--dataset-path", str(data), "--job-dir", str(job))
+    argv += ["--num-shards", str(shards), "--output", str(output), "--runner", runner, *JOB_SETTINGS]
+    return argv + b.resource_flags("local")
 
 
 def _passthrough(job: Path) -> list[str]:
@@ -129,11 +158,7 @@ def measure_e2e(b: Bench, s: Sizes, baselines: tuple[str, ...]) -> list[Result]:
         if name == baselines[0]:
             # Ours runs between the baselines, so slow drift of the shared box hits both sides.
             job, merged = d / "job", d / "merged.jsonl"
-            argv = b.elastic(
-                "local", "--workers", "1", "--config", str(recipe), "--dataset-path", str(data), "--job-dir", str(job)
-            )
-            argv += ["--num-shards", str(s.e2e_shards), "--output", str(merged), "--runner", b.our_runner, *JOB_SETTINGS]
-            argv += b.resource_flags("local")
+            argv = _local(b, recipe, data, job, s.e2e_shards, merged, b.our_runner)
             progress(f"e2e ours: local --workers 1, {s.e2e_shards} shards, runner={b.our_runner}, {s.rows} rows")
             walls["ours"] = b.run("e2e-ours-local", argv, cwd=d)
             rows["ours"] = count_lines(merged)
@@ -481,6 +506,171 @@ def measure_claims(b: Bench, s: Sizes) -> list[Result]:
                 "shards_per_worker": sorted(per_worker.values()),
                 "shards_per_worker_stdev": statistics.pstdev(per_worker.values()),
                 "prepare_secs": prepare_secs,
+            },
+        )
+    ]
+
+
+# -- warm operators --------------------------------------------------------------------------------
+
+MODEL_OP = "bench_model_mapper"
+MODEL_LOAD_SECS = 4.0
+MODEL_MS_PER_ROW = 25.0
+WARM_BUSY_TARGET = 0.90
+
+
+def _loads(log: Path) -> int:
+    """Model loads of one side: the stand-in op appends a line per process that loaded it."""
+    return len(log.read_text().split()) if log.exists() else 0
+
+
+def _warm_figures(b: Bench, job: Path) -> dict[str, Any]:
+    """The model op's figures from `status --json` (empty when it ran no warm instances)."""
+    proc = subprocess.run(b.elastic("status", "--job-dir", str(job), "--json"), capture_output=True, check=True, timeout=300)
+    ops = [op for node in orjson.loads(proc.stdout)["nodes"] for op in node.get("warm_operators", []) if op["op"] == MODEL_OP]
+    return ops[0] if ops else {}
+
+
+def measure_warm_ops(b: Bench, s: Sizes) -> list[Result]:
+    """A model-loading actor-mode op: our `local` job, whose warm runner keeps the instance (and
+    its model) for every shard, vs one plain `dj-process` that loads it once. The process runner
+    (a load per shard) and `ray_partitioned` are run for reference. Sides run in a fixed order
+    (dj ray, ours actor, ours task, process runner, dj ray_partitioned) so box drift hits all."""
+    d = b.work / "warm_ops"
+    d.mkdir(parents=True)
+    data = _uniform_dataset(d / "input.jsonl", s.warm_ops_shards * s.warm_ops_rows_per_shard)
+    sides: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, Path] = {}
+
+    def recipe(side: str, mode: str, executor: str = "ray") -> Path:
+        ops = model_ops(d / f"{side}-loads.log", mode, MODEL_LOAD_SECS, MODEL_MS_PER_ROW)
+        return write_recipe(d / f"{side}.yaml", data, d / f"{side}-out.jsonl", ops, executor=executor, custom_ops=True)
+
+    def dj(side: str, executor: str, env: dict[str, str] | None = None) -> None:
+        progress(f"warm_ops {side}: dj-process --executor_type {executor}, actor mode, {data.name}")
+        wall = b.run(f"warm-ops-{side}", b.dj_process(recipe(side, "actor", executor)), env=env, cwd=d)
+        sides[side] = {"executor": executor, "mode": "actor", "wall_secs": wall, "loads": _loads(d / f"{side}-loads.log")}
+        outputs[side] = d / f"{side}-out.jsonl"
+
+    def reference(side: str, run: Callable[[], None]) -> None:
+        """A side no result is judged on: a failure is recorded in its details, not fatal."""
+        try:
+            run()
+        except BenchError as exc:
+            progress(f"warm_ops {side} failed (recorded, not fatal): {str(exc).splitlines()[0]}")
+            sides[side] = {"error": str(exc)}
+
+    def ours(side: str, mode: str, runner: str, shards: int) -> None:
+        job, merged = d / f"job-{side}", d / f"{side}-merged.jsonl"
+        progress(f"warm_ops {side}: local --workers 1, {shards} shards, runner={runner}, {mode} mode")
+        wall = b.run(f"warm-ops-{side}", _local(b, recipe(side, mode), data, job, shards, merged, runner), cwd=d)
+        figures = _warm_figures(b, job)
+        sides[side] = {
+            "runner": runner,
+            "mode": mode,
+            "shards": shards,
+            "wall_secs": wall,
+            "loads": _loads(d / f"{side}-loads.log"),
+            "median_shard_secs": median(effective_seconds(completions(job))),
+            "instances": figures.get("instances"),
+            "status_loads": figures.get("loads"),
+            "deaths": figures.get("deaths"),
+            "all_busy_fraction": figures.get("all_busy_fraction"),
+            "busy_fraction": figures.get("busy_fraction"),
+        }
+        outputs[side] = merged
+
+    dj("dj_ray", "ray")
+    ours("ours_actor", "actor", b.our_runner, s.warm_ops_shards)
+    ours("ours_task", "task", b.our_runner, s.warm_ops_shards)
+    reference("process_runner", lambda: ours("process_runner", "actor", "process", s.warm_ops_process_shards))
+    # ray_partitioned does not ship custom_operator_paths to its Ray workers: they import the op from PYTHONPATH.
+    importable = os.pathsep.join(p for p in (str(CUSTOM_OPS.parent), os.environ.get("PYTHONPATH")) if p)
+    reference("dj_ray_partitioned", lambda: dj("dj_ray_partitioned", "ray_partitioned", {"PYTHONPATH": importable}))
+
+    base = sides["dj_ray"]["wall_secs"]
+    expected = rows_by_id(outputs["dj_ray"])
+    for figures in sides.values():
+        if "error" in figures:
+            continue
+        figures["ratio_to_dj_ray"] = figures["wall_secs"] / base
+        if "shards" in figures:
+            figures["per_shard_overhead_secs"] = (figures["wall_secs"] - base) / figures["shards"]
+    same_output = {side: rows_by_id(out) == expected for side, out in outputs.items() if side != "dj_ray"}
+    actor = sides["ours_actor"]
+    checks = {
+        "ratio <= 1.2x": actor["ratio_to_dj_ray"] <= 1.2,
+        "loads == instances == 1": actor["loads"] == actor["instances"] == 1,
+        f"all_busy_fraction >= {WARM_BUSY_TARGET}": (actor["all_busy_fraction"] or 0.0) >= WARM_BUSY_TARGET,
+    }
+    common = {
+        "rows": len(expected),
+        "shards": s.warm_ops_shards,
+        "rows_per_shard": s.warm_ops_rows_per_shard,
+        "load_secs": MODEL_LOAD_SECS,
+        "ms_per_row": MODEL_MS_PER_ROW,
+        "same_output_as_dj_ray": same_output,
+    }
+    actor_result = Result.times(
+        "warm_ops_actor",
+        "warm model op (actor mode), 1-node local vs dj-process ray",
+        actor["wall_secs"],
+        base,
+        "1.2",
+        {**common, "checks": checks, "missed": [name for name, ok in checks.items() if not ok], **sides},
+    )
+    actor_result.target = f"<= 1.2x, 1 load, all-busy >= {WARM_BUSY_TARGET:.2f}"
+    actor_result.met = all(checks.values())
+    task = sides["ours_task"]
+    task_result = Result.times(
+        "warm_ops_task",
+        "warm model op (task mode), 1-node local vs dj-process ray",
+        task["wall_secs"],
+        base,
+        "1.2",
+        {**common, "ours_task": task, "dj_ray": sides["dj_ray"]},
+    )
+    return [actor_result, task_result]
+
+
+# -- the fixed cost of a shard ---------------------------------------------------------------------
+
+
+def measure_shard_cost(b: Bench, s: Sizes) -> list[Result]:
+    """What one more shard costs, black-box: the same rows through one worker as 1 and as N
+    shards, (T(N) - T(1)) / (N - 1), so start-up and the rows' own work cancel out. The process
+    runner's side uses fewer shards: each one is a whole dj-process."""
+    d = b.work / "shard_cost"
+    data = write_dataset(d / "input.jsonl", s.shard_cost_rows)
+    recipe = write_recipe(d / "recipe.yaml", data, d / "unused.jsonl", CPU_OPS)
+    runs = [("ours", b.our_runner, 1), ("ours", b.our_runner, s.shard_cost_shards)]
+    runs += [("baseline", "process", 1), ("baseline", "process", s.shard_cost_baseline_shards)]
+    _prepare_all(b, "shard-cost-prepare", [(recipe, data, d / f"job-{label}-{n}", n) for label, _, n in runs])
+    walls: dict[str, dict[str, float]] = defaultdict(dict)  # side -> "<N> shards" -> worker wall secs
+    for label, runner, n in runs:
+        progress(f"shard_cost {label}: {s.shard_cost_rows} rows as {n} shard(s), one worker, runner={runner}")
+        walls[label][f"{n} shards"] = b.run(f"shard-cost-{label}-{n}", _worker(b, d / f"job-{label}-{n}", runner))
+
+    def per_shard(label: str, n: int) -> float:
+        return (walls[label][f"{n} shards"] - walls[label]["1 shards"]) / (n - 1)
+
+    ours, base = per_shard("ours", s.shard_cost_shards), per_shard("baseline", s.shard_cost_baseline_shards)
+    return [
+        Result(
+            name="shard_cost",
+            label=f"fixed cost per added shard, {b.our_runner} vs process runner",
+            ours_secs=ours,
+            baseline_secs=base,
+            ratio=ours / base,
+            value=ours,
+            unit="s/shard",
+            target="<= 0.5 s/shard",
+            met=ours <= 0.5,
+            details={
+                "rows": s.shard_cost_rows,
+                "formula": "(T(N shards) - T(1 shard)) / (N - 1), T = worker wall time, same rows",
+                "ours": {"runner": b.our_runner, "worker_wall_secs_by_shards": walls["ours"]},
+                "baseline": {"runner": "process", "worker_wall_secs_by_shards": walls["baseline"]},
             },
         )
     ]

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import orjson
 from bench_lib import REPO, Bench, BenchError, Result, machine_info, progress
-from bench_measures import Sizes, measure_claims, measure_e2e, measure_hetero, measure_overhead, measure_prepare_merge
+from bench_measures import (
+    Sizes,
+    measure_claims,
+    measure_e2e,
+    measure_hetero,
+    measure_overhead,
+    measure_prepare_merge,
+    measure_shard_cost,
+    measure_warm_ops,
+)
 
 from elastic_sharding.runners import RUNNERS
 
@@ -38,8 +47,27 @@ DEFAULT = Sizes(
     claim_shards=2000,
     claim_workers=8,
     repeats=3,
+    warm_ops_shards=12,
+    warm_ops_rows_per_shard=20,
+    warm_ops_process_shards=12,
+    shard_cost_rows=450,
+    shard_cost_shards=9,
+    shard_cost_baseline_shards=3,
 )
-QUICK = dataclasses.replace(DEFAULT, rows=10_000, io_rows=0, overhead_shards=3, hetero_shards=6, claim_shards=400, repeats=1)
+QUICK = dataclasses.replace(
+    DEFAULT,
+    rows=10_000,
+    io_rows=0,
+    overhead_shards=3,
+    hetero_shards=6,
+    claim_shards=400,
+    repeats=1,
+    warm_ops_shards=6,
+    warm_ops_process_shards=3,  # a dj-process and a model load per shard: fewer, to stay quick
+    shard_cost_rows=250,
+    shard_cost_shards=5,
+    shard_cost_baseline_shards=2,
+)
 
 # Name -> (the results it yields, how to measure them). Names are what --only accepts.
 NAMES = (
@@ -52,8 +80,15 @@ NAMES = (
     "prepare_noop",
     "merge",
     "claims",
+    "warm_ops_actor",
+    "warm_ops_task",
+    "shard_cost",
 )
-GROUPS: dict[str, tuple[str, ...]] = {"e2e": ("e2e_ray", "e2e_partitioned"), "hetero": ("hetero_dynamic", "hetero_static")}
+GROUPS: dict[str, tuple[str, ...]] = {
+    "e2e": ("e2e_ray", "e2e_partitioned"),
+    "hetero": ("hetero_dynamic", "hetero_static"),
+    "warm_ops": ("warm_ops_actor", "warm_ops_task"),
+}
 
 
 def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Bench, Sizes], list[Result]]]]:
@@ -73,6 +108,10 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, lambda b, s, n=names: measure_prepare_merge(b, s, n)))
     if names := want("claims"):
         plan.append((names, measure_claims))
+    if want("warm_ops_actor", "warm_ops_task"):
+        plan.append((("warm_ops_actor", "warm_ops_task"), measure_warm_ops))
+    if names := want("shard_cost"):
+        plan.append((names, measure_shard_cost))
     return plan
 
 

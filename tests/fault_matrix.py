@@ -22,6 +22,10 @@ processor from `fakes.py`, in real processes, one per simulated node) and inject
               refuses, the previous output untouched
   enospc      the job dir on a tiny tmpfs: prepare, attempt output or merge runs out of space;
               clear error, nothing half-published, then the job recovers once space is back
+  actor       real Data-Juicer + Ray warm runners on two nodes, with an actor-mode operator (the
+              bench's stand-in model): one of its warm instances is killed (kill -9) or frozen
+              (SIGSTOP, a hang) mid-shard; only the attempts with rows in it fail, the pool
+              replaces it, and every instance loads its model once
 
 After the fault the job is driven to its end the way a user would (surviving workers finish it,
 or the same command is rerun) and the merged output is compared with a clean single-worker run:
@@ -70,6 +74,22 @@ from elastic_sharding.worker import Worker, WorkerOptions  # noqa: E402
 PY = sys.executable
 LEASE, HEARTBEAT, POLL = 3.0, 0.3, 0.2
 ROWS = 90
+BENCH_OPS = TESTS.parent / "bench" / "ops" / "bench_ops"
+# Real Data-Juicer workers start Ray on a loaded box: a longer lease than the fake ones need.
+ACTOR_LEASE, ACTOR_HEARTBEAT, ACTOR_SHARDS = 20.0, 1.0, 6
+ACTOR_RECIPE = """\
+executor_type: ray
+ray_address: local
+dataset_path: {dataset}
+custom_operator_paths: [{ops}]
+process:
+  - bench_model_mapper:
+      load_secs: 0.5
+      ms_per_row: 40
+      load_log: {loads}
+      ray_execution_mode: actor
+      num_proc: 1
+"""
 KINDS = {
     "kill": 5,
     "kill-merge": 1,
@@ -81,6 +101,7 @@ KINDS = {
     "coordinator": 2,
     "corrupt": 2,
     "enospc": 1,
+    "actor": 1,
 }
 CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
 COORDINATOR_POINTS = (
@@ -170,6 +191,8 @@ class Harness:
             raise AssertionError("clean runs with different shard counts disagree: determinism is broken")
         self.reference = references.pop()
         self.expected_ids = [orjson.loads(line)["id"] for line in self.reference.splitlines()]
+        self._actor_template: Template | None = None
+        self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -228,7 +251,7 @@ class Harness:
         got = [orjson.loads(line)["id"] for line in merged.splitlines()]
         outcome.rows_lost = len(set(self.expected_ids) - set(got))
         outcome.rows_duplicated = len(got) - len(set(got))
-        outcome.identical = merged == self.reference
+        outcome.identical = merged == (self.compare_with or self.reference)
         outcome.check(outcome.identical, "merged output differs from the clean run")
 
     def finish_and_compare(self, outcome: Outcome, job: Path, log: Path, workers: list[subprocess.Popen]) -> dict:
@@ -255,6 +278,79 @@ class Harness:
                 f"{shard}: the published attempt is recorded as {attempt and attempt['status']}",
             )
         return state
+
+    # -- the warm-operator trials (real Data-Juicer + Ray) -----------------------------------------
+
+    def actor_template(self) -> Template:
+        """Prepared once, with its clean reference from one real warm worker on local disk."""
+        if self._actor_template is None:
+            loads = self.workdir / "actor-template-loads.log"
+            recipe = self.workdir / "actor-recipe.yaml"
+            recipe.write_text(ACTOR_RECIPE.format(dataset=self.data, ops=BENCH_OPS, loads=loads))
+            job = self.workdir / "actor-template"
+            settings = Settings(
+                lock_timeout_secs=ACTOR_LEASE,
+                max_retries=6,
+                poll_interval_secs=POLL,
+                heartbeat_interval_secs=ACTOR_HEARTBEAT,
+                ray_address="local",
+                ray_num_cpus=1,
+                ray_object_store_mb=256,
+            )
+            prepare(PrepareRequest(recipe, None, job, ACTOR_SHARDS, settings), quiet=True)
+            clean = self.workdir / "actor-clean"
+            shutil.copytree(job, clean, symlinks=True)
+            argv = [PY, "-m", "elastic_sharding", "worker", "--job-dir", str(clean), "--runner", "warm"]
+            argv += ["--ray-temp-dir", tempfile.mkdtemp(prefix="esfa", dir="/tmp")]
+            with open(self.workdir / "actor-clean.log", "wb") as log:
+                proc = subprocess.run(argv, env={**os.environ, **self.env()}, stdout=subprocess.DEVNULL, stderr=log, timeout=600)
+            if proc.returncode != 0:
+                raise AssertionError(f"the clean warm-operator run failed (see {self.workdir / 'actor-clean.log'})")
+            out = self.workdir / "actor-clean.jsonl"
+            merge(clean, out)
+            self._actor_template = Template(ACTOR_SHARDS, job, out.read_bytes())
+        return self._actor_template
+
+    def trial_actor(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        template = self.actor_template()
+        freeze = rng.random() < 0.3
+        after = rng.uniform(0.0, 2.5)
+        outcome = Outcome("actor", f"{'froze' if freeze else 'killed'} a warm instance {after:.1f}s into processing")
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
+        loads = self.workdir / "actor-template-loads.log"
+        loads_before = len(loads.read_text().split())
+        workers = []
+        for index in range(2):
+            argv = [PY, "-m", "elastic_sharding", "worker", "--job-dir", str(job), "--runner", "warm"]
+            argv += ["--ray-temp-dir", f"/tmp/esfm-{os.getpid()}-{name[-4:]}-{index}"]
+            with open(log_dir / f"worker-{index}.log", "ab") as handle:
+                workers.append(self.node(index).popen(argv, env=self.env(), stdout=subprocess.DEVNULL, stderr=handle))
+        deadline = time.monotonic() + 240
+        victims: list[int] = []
+        while not victims and time.monotonic() < deadline and any(w.poll() is None for w in workers):
+            victims = [pid for pid in _instances_of(job) if _busy(pid)]
+            time.sleep(0.2)
+        if victims:
+            time.sleep(after)
+            victim = rng.choice(victims)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
+                outcome.counts["actor_freezes" if freeze else "actor_kills"] += 1
+        outcome.check(bool(victims), "no warm instance was ever seen running")
+        self.compare_with = template.reference
+        try:
+            state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        finally:
+            self.compare_with = None
+        # Every instance loads its model once (one killed during its load never logs it).
+        built = _instances_built(self.node(0), job)
+        logged = len(loads.read_text().split()) - loads_before
+        outcome.check(built - 1 <= logged <= built, f"{logged} model loads logged for {built} instances built")
+        failed = [a for a in state["attempts"].values() if a["status"] == "failed"]
+        outcome.counts["actor_failed_attempts"] += len(failed)
+        return outcome
 
     # -- trials ---------------------------------------------------------------------------------
 
@@ -629,6 +725,42 @@ class Harness:
 # -- helpers ------------------------------------------------------------------------------------
 
 
+def _instances_of(job: Path) -> list[int]:
+    """Processes of warm operator instances started for `job` (Ray names them after the actor
+    class; the job's cache directory is in the environment of every process a runner starts)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"OperatorInstance" in (entry / "cmdline").read_bytes() and str(job).encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _busy(pid: int) -> bool:
+    """An instance inside a call: Ray retitles the worker process after the method it runs."""
+    try:
+        return b".call" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _instances_built(node: Node, job: Path) -> int:
+    probe = (
+        "import json, glob, sys\n"
+        "seen = {}\n"
+        "for p in glob.glob(sys.argv[1] + '/attempts/*/*/attempt.json'):\n"
+        "    for o in json.load(open(p)).get('operators') or []:\n"
+        "        k = (o['runtime_pid'], o['op'])\n"
+        "        seen[k] = max(seen.get(k, 0), o['started'])\n"
+        "print(sum(seen.values()))\n"
+    )
+    return int(node.run([PY, "-c", probe, str(job)], check=True, timeout=60).stdout.strip() or 0)
+
+
 def wait(proc: subprocess.Popen, timeout: float) -> int | None:
     """The exit code, after a SIGCONT in case the process was left stopped; kills it on timeout."""
     with contextlib.suppress(ProcessLookupError):
@@ -710,6 +842,7 @@ class Summary:
             f"faults: mode={mode} seed={seed} trials={self.trials} kills={c['kills']} stalls={c['stalls']} "
             f"partitions={c['partitions']} client_kills={c['client_kills']} skewed_workers={c['skewed_workers']} "
             f"drains={c['drains']} coordinator_kills={c['coordinator_kills']} corruptions={c['corruptions']} enospc={c['enospc']} "
+            f"actor_kills={c['actor_kills']} actor_freezes={c['actor_freezes']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"

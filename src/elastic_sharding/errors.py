@@ -55,6 +55,11 @@ class AttemptFailed(Exception):
     """One shard attempt failed; the worker records it and applies the retry rules."""
 
 
+class AttemptInterrupted(AttemptFailed):
+    """An attempt ended through no fault of its own (its runtime was replaced because of another
+    attempt): handed back, not counted against its retries."""
+
+
 class Interrupted(ElasticShardError):
     """SIGTERM/SIGINT: the process stopped early after handing back what it held."""
 

@@ -24,6 +24,12 @@ The rules, also documented in the README ("Reading status"):
   its node's workers, else of all workers (in both, so the two always agree). In
   the tail the job cannot end before its slowest running shard, so the ETA is at least the
   longest expected remaining time of a running attempt.
+- A node's warm operators: every attempt record (and a running attempt's heartbeat) carries its
+  warm runtime's figures per actor-mode operator, counted since that runtime started. Per runtime
+  the latest figures count; per node and operator they are summed over its runtimes: loads are
+  the instances built (replacements included), and the all-busy fraction is the time every
+  instance was inside a call at once over the time from the first call's start to the last
+  call's end (the CPU analogue of "all GPUs busy").
 - A running attempt is a straggler once at least STRAGGLER_MIN_DONE shards have completed and the
   time it has been processing exceeds STRAGGLER_FACTOR x the median completed shard's seconds per
   byte x its own bytes, and that expectation by at least STRAGGLER_SLACK_SECS. "Processing" is
@@ -38,6 +44,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .records import OperatorStats
 from .state import ATTEMPT_RUNNING, DONE, FAILED, STALE, SUCCEEDED, AttemptView, ShardView
 
 RECENT_SHARDS = 5
@@ -67,6 +74,55 @@ class Running:
 
 
 @dataclass
+class WarmOperator:
+    """One actor-mode operator's warm instances on one node (see the module docstring)."""
+
+    op: str
+    instances: int
+    loads: int
+    deaths: int
+    rows: int
+    window_secs: float
+    all_busy_secs: float
+    busy_secs: float
+
+    @property
+    def all_busy_fraction(self) -> float | None:
+        return self.all_busy_secs / self.window_secs if self.window_secs > 0 else None
+
+    @property
+    def busy_fraction(self) -> float | None:
+        return self.busy_secs / (self.window_secs * self.instances) if self.window_secs > 0 and self.instances else None
+
+
+def warm_operators(attempts: list[AttemptView]) -> dict[str, list[WarmOperator]]:
+    """Per host, its warm operators: the latest figures of each (runtime, operator), summed."""
+    latest: dict[tuple[str, int, str], OperatorStats] = {}
+    for attempt in attempts:
+        for figures in attempt.operators or ():
+            key = (attempt.host, figures.runtime_pid, figures.op)
+            seen = latest.get(key)
+            if seen is None or (figures.window_secs, figures.calls) >= (seen.window_secs, seen.calls):
+                latest[key] = figures
+    nodes: dict[str, dict[str, WarmOperator]] = defaultdict(dict)
+    for (host, _runtime, op), f in sorted(latest.items()):
+        mine = nodes[host].get(op)
+        if mine is None:
+            nodes[host][op] = WarmOperator(
+                op, f.instances, f.started, f.deaths, f.rows, f.window_secs, f.all_busy_secs, f.busy_secs
+            )
+            continue
+        mine.instances = max(mine.instances, f.instances)
+        mine.loads += f.started
+        mine.deaths += f.deaths
+        mine.rows += f.rows
+        mine.window_secs += f.window_secs
+        mine.all_busy_secs += f.all_busy_secs
+        mine.busy_secs += f.busy_secs
+    return {host: list(ops.values()) for host, ops in nodes.items()}
+
+
+@dataclass
 class Node:
     host: str
     active_workers: int = 0
@@ -77,6 +133,7 @@ class Node:
     bytes_per_sec: float | None = None
     failures: int = 0
     running: list[Running] = field(default_factory=list)
+    warm_operators: list[WarmOperator] = field(default_factory=list)
 
 
 @dataclass
@@ -243,6 +300,9 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         elif not own:
             node.rows_per_sec = node_totals[node.host].rows_per_sec
             node.bytes_per_sec = node_totals[node.host].bytes_per_sec
+
+    for host, operators in warm_operators(attempts).items():
+        nodes.setdefault(host, Node(host)).warm_operators = operators
 
     starts_all = [a.started_at for a in attempts]
     started_at = min(starts_all) if starts_all else None

@@ -74,6 +74,17 @@ def render(status: Status) -> str:
         "Failed or superseded attempts of a node (since the last retry).",
         (({"host": n.host}, n.failures) for n in m.nodes),
     )
+    warm = [(n.host, op) for n in m.nodes for op in n.warm_operators]
+    out.family(
+        "host_warm_operator_loads",
+        "Instances of an actor-mode operator a node's warm runtimes built (model loads, replacements included).",
+        (({"host": host, "op": op.op}, op.loads) for host, op in warm),
+    )
+    out.family(
+        "host_warm_operator_all_busy_ratio",
+        "Share of an actor-mode operator's processing time in which all its instances on a node were busy.",
+        (({"host": host, "op": op.op}, op.all_busy_fraction) for host, op in warm),
+    )
     out.family(
         "failed_attempts",
         "Failed or superseded attempts per shard that has any (since the last retry).",

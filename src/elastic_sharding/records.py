@@ -212,6 +212,35 @@ class ClaimRecord:
 
 
 @dataclass
+class OperatorStats:
+    """One warm operator's instances in one warm runtime, counted since the runtime started.
+
+    `window_secs` runs from the first call's start to the last call's end on any instance;
+    `all_busy_secs` is the part of it in which every instance was inside a call at once (the
+    CPU analogue of "all GPUs busy"). `started` counts instances built (the first ones plus
+    replacements of `deaths`), so it is also the number of model loads."""
+
+    op: str
+    runtime_pid: int
+    instances: int
+    started: int
+    deaths: int = 0
+    calls: int = 0
+    rows: int = 0
+    busy_secs: float = 0.0
+    all_busy_secs: float = 0.0
+    window_secs: float = 0.0
+    busy_now: int = 0
+
+
+def operator_stats(raw: list[dict[str, Any]] | None) -> list[OperatorStats] | None:
+    """The warm runtime's figures (JSON from its events) as records; None when there are none."""
+    if not raw:
+        return None
+    return [from_dict(OperatorStats, item, "warm operator figures") for item in raw]
+
+
+@dataclass
 class Heartbeat:
     """Rewritten by the claim owner every heartbeat; observers watch `seq` change.
 
@@ -232,6 +261,7 @@ class Heartbeat:
     expected_secs: float | None = None
     rows_done: int | None = None
     bytes_done: int | None = None
+    operators: list[OperatorStats] | None = None  # the warm runtime's operators, live
 
 
 @dataclass
@@ -252,6 +282,7 @@ class AttemptRecord:
     output_sha256: str | None = None
     exit_code: int | None = None
     setup_secs: float | None = None  # spent starting the node's runtime (a warm runner's first shard)
+    operators: list[OperatorStats] | None = None  # the warm runtime's operators when it ended
 
 
 @dataclass

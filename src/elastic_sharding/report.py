@@ -11,7 +11,7 @@ from typing import Any
 from .errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from .launch.coordination import generations
 from .layout import JobLayout
-from .metrics import STRAGGLER_FACTOR, Node, Running, job_metrics
+from .metrics import STRAGGLER_FACTOR, Node, Running, WarmOperator, job_metrics
 from .state import DONE, FAILED, PENDING, RUNNING, STALE, STATES, ShardView, counts, job_snapshot
 
 JSON_SCHEMA_VERSION = 2
@@ -77,7 +77,29 @@ def _node_json(node: Node) -> dict[str, Any]:
         "bytes_per_sec": _round(node.bytes_per_sec, 1),
         "failures": node.failures,
         "running": [_running_json(item) for item in node.running],
+        "warm_operators": [_warm_json(op) for op in node.warm_operators],
     }
+
+
+def _warm_json(op: WarmOperator) -> dict[str, Any]:
+    return {
+        "op": op.op,
+        "instances": op.instances,
+        "loads": op.loads,
+        "deaths": op.deaths,
+        "rows": op.rows,
+        "window_secs": _round(op.window_secs, 2),
+        "all_busy_fraction": _round(op.all_busy_fraction, 4),
+        "busy_fraction": _round(op.busy_fraction, 4),
+    }
+
+
+def warm_text(op: WarmOperator) -> str:
+    """One line of a node's warm operator, as `status` and the HTML report show it."""
+    fraction = op.all_busy_fraction
+    busy = "-" if fraction is None else f"{100 * fraction:.0f}%"
+    deaths = f", {op.deaths} replaced" if op.deaths else ""
+    return f"{op.op}: {op.instances} instance(s), {op.loads} load(s){deaths}, all instances busy {busy}"
 
 
 class Status:
@@ -216,6 +238,7 @@ class Status:
             lines.append(
                 f"  {node.host[:24]:<24} {node.active_workers:>7} {node.shards_done:>5} {node.rows_done:>10} {rate:>9}  {running or '-'}"
             )
+            lines.extend(f"  {'':<24}   warm op {warm_text(op)}" for op in node.warm_operators)
         return ["nodes:", *lines]
 
     def _shard_lines(self, show_all: bool) -> list[str]:

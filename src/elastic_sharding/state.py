@@ -20,7 +20,7 @@ from typing import TypeVar
 from . import fsops
 from .layout import JobLayout, attempt_files, attempt_ids
 from .lease import DONE, FAILED, attempt_failure, count_failures, read_attempt, read_claim, read_claim_heartbeat, read_heartbeat
-from .records import ClaimRecord, CompletionRecord, FailureRecord, Heartbeat, Manifest, ShardSpec, decode
+from .records import ClaimRecord, CompletionRecord, FailureRecord, Heartbeat, Manifest, OperatorStats, ShardSpec, decode
 
 PENDING, RUNNING, STALE = "pending", "running", "stale"
 STATES = (PENDING, RUNNING, STALE, DONE, FAILED)
@@ -166,6 +166,7 @@ class AttemptView:
     phase_secs: float | None = None  # in `phase` as of the last heartbeat, by the owner's own clock
     counts_as_failure: bool = False  # against the shard's retry limit (lease.attempt_failure)
     setup_secs: float = 0.0  # of it spent starting the node's runtime
+    operators: list[OperatorStats] | None = None  # its warm runtime's operators (live while running)
 
     @property
     def secs(self) -> float | None:
@@ -224,6 +225,7 @@ def _attempt_view(
         phase_secs=_phase_secs(heartbeat) if running else None,
         counts_as_failure=counts,
         setup_secs=record.setup_secs or 0.0,
+        operators=(heartbeat.operators if running and heartbeat is not None else None) or record.operators,
     )
 
 

@@ -529,6 +529,17 @@ def _running_text(item: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _warm_text(item: dict[str, Any]) -> str:
+    """A node's warm operator: instances, model loads, and the share of time all were busy."""
+    fraction = _num(item.get("all_busy_fraction"))
+    busy = "–" if fraction is None else f"{fraction * 100:.0f}%"
+    deaths = f", {_fmt_int(item.get('deaths'))} replaced" if _num(item.get("deaths")) else ""
+    return (
+        f"<code>{_e(item.get('op'))}</code> {_fmt_int(item.get('instances'))} instance(s), "
+        f"{_fmt_int(item.get('loads'))} load(s){_e(deaths)}, all busy {busy}"
+    )
+
+
 def _nodes_table(nodes: list[dict[str, Any]]) -> str:
     headers = [
         ("Host", False),
@@ -540,10 +551,13 @@ def _nodes_table(nodes: list[dict[str, Any]]) -> str:
         ("Bytes/s", True),
         ("Failures", True),
         ("Running now", False),
+        ("Warm operators", False),
     ]
     rows = []
+    none = '<span class="none">–</span>'
     for node in sorted(nodes, key=lambda n: str(n.get("host"))):
-        running = "<br>".join(_running_text(item) for item in _list(node.get("running"))) or '<span class="none">–</span>'
+        running = "<br>".join(_running_text(item) for item in _list(node.get("running"))) or none
+        warm = "<br>".join(_warm_text(item) for item in _list(node.get("warm_operators"))) or none
         rows.append(
             "<tr>"
             + _cell(_e(node.get("host")), cls="mono nowrap")
@@ -555,6 +569,7 @@ def _nodes_table(nodes: list[dict[str, Any]]) -> str:
             + _num_cell(node.get("bytes_per_sec"), _fmt_rate(node.get("bytes_per_sec"), "bytes"))
             + _num_cell(node.get("failures"), _fmt_int(node.get("failures")))
             + _cell(running)
+            + _cell(warm)
             + "</tr>"
         )
     return _table(headers, rows, sortable=True)

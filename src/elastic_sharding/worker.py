@@ -1,7 +1,9 @@
 """worker: claim shards until the job is complete, failed, or `--max-shards` is reached.
 
-One attempt at a time. Each attempt runs in an isolated `attempts/<shard>/<attempt>/` directory;
-its output is published only after it was collected, validated and the claim re-checked.
+One attempt at a time is published; with the warm runner the next (claimed-ahead) attempt is
+already processing while the current one drains. Each attempt runs in an isolated
+`attempts/<shard>/<attempt>/` directory; its output is published only after it was collected,
+validated and the claim re-checked.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import yaml
 
 from . import crashpoints, fsops
 from .engine import engine_identity
-from .errors import EXIT_ERROR, EXIT_OK, AttemptFailed, JobStateError, VersionMismatchError
+from .errors import EXIT_ERROR, EXIT_OK, AttemptFailed, AttemptInterrupted, JobStateError, VersionMismatchError
 from .fsprobe import check_job_filesystem
 from .layout import JobLayout, attempt_files
 from .lease import (
@@ -36,7 +38,7 @@ from .lease import (
 )
 from .output import collect
 from .prepare import validate_settings
-from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode
+from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode, operator_stats
 from .runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 from .signals import on_stop_signals
 
@@ -112,8 +114,9 @@ class _Lookahead:
     """Claims the next shard once the current one is expected to end within the claim-ahead window.
 
     The expectation comes from this worker's last shard (bytes per second), so nothing is claimed
-    ahead during the first shard, and at most one shard is ever held ahead; the window is at most
-    half a lease, and the queued claim is heartbeated like a running one.
+    ahead during the first shard, unless the runner overlaps attempts (the warm runner begins the
+    next shard at once, so it is claimed at once); at most one shard is ever held ahead; the
+    window is at most half a lease, and the queued claim is heartbeated like a running one.
     """
 
     def __init__(self, worker: Worker, spec: ShardSpec):
@@ -129,9 +132,14 @@ class _Lookahead:
     def start(self) -> None:
         settings = self.worker.settings
         window = min(settings.claim_ahead_secs, settings.lock_timeout_secs / 2)
-        if window <= 0 or self.worker.last_rate is None:
+        if window <= 0:
             return
-        delay = max(0.0, self.spec.bytes / self.worker.last_rate - window)
+        if self.worker.last_rate is not None:
+            delay = max(0.0, self.spec.bytes / self.worker.last_rate - window)
+        elif self.worker.overlaps:
+            delay = 0.0  # the runtime starts the next shard as this one drains: claim it now
+        else:
+            return
         self._thread = threading.Thread(target=self._run, args=(delay,), name="claim-ahead", daemon=True)
         self._thread.start()
 
@@ -160,6 +168,7 @@ class Worker:
         self.claims = Claims(self.layout, self.host, os.getpid())
         self.observer = StalenessObserver(self.settings.lock_timeout_secs)
         self.runner = runner or get_runner(options.runner, self._node_runtime())
+        self.overlaps = callable(getattr(self.runner, "begin", None))
         self.terminal: dict[str, str] = {}
         self.claimed = 0
         self.completed = 0
@@ -332,6 +341,7 @@ class Worker:
         fsops.replace_atomic(files["record"], encode(record))
         ctx = AttemptContext(
             shard_id=claim.shard_id,
+            attempt_id=claim.attempt_id,
             attempt_dir=attempt_dir,
             recipe_path=files["recipe"],
             log_path=files["log"],
@@ -348,6 +358,7 @@ class Worker:
         )
         heartbeat.note(attempt_started_at=record.started_at)
         ctx.set_phase = heartbeat.set_phase
+        ctx.note = heartbeat.note
         try:
             heartbeat.beat()
             heartbeat.start()
@@ -373,6 +384,7 @@ class Worker:
         lookahead = _Lookahead(self, spec)
         try:
             if ctx.stop_reason() is not None:
+                self._cancel_begun(ctx)
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
             lookahead.start()
             if self.last_rate:
@@ -409,11 +421,20 @@ class Worker:
             self.claims.finish(claim, DONE)
             self.completed += 1
             self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
-            record = replace(record, status="succeeded", finished_at=time.time(), exit_code=0, setup_secs=ctx.setup_secs or None)
+            record = replace(
+                record,
+                status="succeeded",
+                finished_at=time.time(),
+                exit_code=0,
+                setup_secs=ctx.setup_secs or None,
+                operators=operator_stats(ctx.operators),
+            )
             fsops.replace_atomic(files["record"], encode(record))
             log.info(
                 "done %s: %d -> %d rows in %.1fs", claim.shard_id, spec.rows, stats.rows, record.finished_at - record.started_at
             )
+        except AttemptInterrupted as exc:
+            self._record_failure(claim, record, ctx, f"interrupted: {exc}", handback=True)
         except AttemptFailed as exc:
             self._record_failure(claim, record, ctx, str(exc))
         except Exception as exc:
@@ -454,6 +475,8 @@ class Worker:
         self.claimed += 1
         log.info("claimed %s ahead, while the current shard finishes", claim.shard_id)
         self.staged = self._stage(claim)
+        if self.staged is not None and self.overlaps and not self.stopping:
+            self.runner.begin(self.staged.ctx)  # type: ignore[attr-defined]
 
     def _in_the_tail(self) -> bool:
         """Fewer unclaimed shards than busy workers: a shard held ahead here would wait for this
@@ -476,7 +499,12 @@ class Worker:
         if staged is None:
             return
         staged.heartbeat.stop()
-        self._record_failure(staged.claim, staged.record, staged.ctx, f"handed back before it started: {why}", handback=True)
+        self._cancel_begun(staged.ctx)
+        self._record_failure(staged.claim, staged.record, staged.ctx, f"handed back while claimed ahead: {why}", handback=True)
+
+    def _cancel_begun(self, ctx: AttemptContext) -> None:
+        if self.overlaps:
+            self.runner.cancel(ctx)  # type: ignore[attr-defined]
 
     def _record_failure(
         self, claim: Claim, record: AttemptRecord, ctx: AttemptContext, error: str, handback: bool = False

@@ -33,3 +33,55 @@ class BenchSleepMapper(Mapper):
         factor = float(os.environ.get(SLOWDOWN_ENV, "1"))
         time.sleep(self.ms_per_row * factor / 1000.0)
         return sample
+
+
+_MODELS: dict[str, object] = {}  # per process, as Data-Juicer's MODEL_ZOO caches loaded models
+
+
+@OPERATORS.register_module("bench_model_mapper")
+class BenchModelMapper(Mapper):
+    """A stand-in for a model operator: the first row a process handles "loads the model"
+    (sleeps `load_secs` and appends the process id to `load_log`), every row then costs
+    `ms_per_row` of "inference" and gets a deterministic `model_score`. Run it with
+    `ray_execution_mode: actor` to measure what an actor-mode (GPU) operator pays per shard.
+
+    While the file `stall_flag` exists, each row first writes its process id to `stall_seen`
+    and waits, so a test can kill or freeze an instance that has rows in it."""
+
+    def __init__(
+        self,
+        load_secs: float = 4.0,
+        ms_per_row: float = 25.0,
+        load_log: str = "",
+        stall_flag: str = "",
+        stall_seen: str = "",
+        *args,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.load_secs = float(load_secs)
+        self.ms_per_row = float(ms_per_row)
+        self.load_log = load_log
+        self.stall_flag = stall_flag
+        self.stall_seen = stall_seen
+
+    def _model(self) -> object:
+        model = _MODELS.get("model")
+        if model is None:
+            time.sleep(self.load_secs)
+            if self.load_log:
+                with open(self.load_log, "a") as handle:
+                    handle.write(f"{os.getpid()}\n")
+            model = _MODELS["model"] = object()
+        return model
+
+    def process_single(self, sample):
+        self._model()
+        deadline = time.monotonic() + 300
+        while self.stall_flag and os.path.exists(self.stall_flag) and time.monotonic() < deadline:
+            with open(self.stall_seen, "w") as handle:
+                handle.write(str(os.getpid()))
+            time.sleep(0.1)
+        time.sleep(self.ms_per_row / 1000.0)
+        sample["model_score"] = sum(map(ord, sample.get(self.text_key) or "")) % 97
+        return sample

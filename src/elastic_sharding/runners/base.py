@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
@@ -23,7 +23,10 @@ class AttemptContext:
     ray_output: Path
     env: dict[str, str]
     set_phase: Callable[..., None] = lambda phase, **progress: None
+    note: Callable[..., None] = lambda **progress: None
     setup_secs: float = 0.0  # the runner adds the time it spent starting its node runtime
+    operators: list[dict[str, Any]] | None = None  # the warm operators' figures when it ended
+    attempt_id: str = ""
     _reason: str | None = None
 
     def stop(self, reason: str) -> None:
@@ -76,6 +79,10 @@ class NodeRuntime:
 
 
 class Runner(Protocol):
+    """`run` is all a runner must have. A runner that can overlap attempts (the warm runner) also
+    has `begin(ctx)`, which starts a claimed-ahead attempt at once, before its `run` (which then
+    waits for it), and `cancel(ctx)`, for a begun attempt that will not be run."""
+
     name: str
 
     def run(self, ctx: AttemptContext) -> None:
