@@ -1,10 +1,10 @@
 """The quick benchmark runs end to end and reports every ratio as a number.
 
 It asserts nothing about timings or targets: on a shared CI box those are noise, and a missed
-target is a finding to report, not a broken bench. CI runs a bounded subset, one measurement of
-each kind (per-shard overhead, one end-to-end baseline, prepare/merge, claims): the other two
-(`e2e_partitioned`, `hetero`) start seven more Ray runtimes, over two minutes on 2 cores, and
-`bench/run --quick` runs them all.
+target is a finding to report, not a broken bench. CI runs a bounded subset: one end-to-end
+measurement with real Data-Juicer + Ray, prepare/merge and claims. The others (`overhead`,
+`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`) each start several more Ray runtimes or
+`dj-process` runs, minutes on 2 cores, and `bench/run --quick` runs them all.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import orjson
 import pytest
 from conftest import REPO
 
-NAMES = ("overhead", "e2e_ray", "prepare", "prepare_noop", "merge", "claims")
+NAMES = ("e2e_ray", "prepare", "prepare_noop", "merge", "claims")
 
 
 @pytest.mark.e2e

@@ -52,12 +52,12 @@ def test_warm_and_process_runners_give_identical_output_with_node_caps(tmp_path,
     outputs = {}
     for runner in ("process", "warm"):
         job = tmp_path / runner
-        prepare_demo(job, "--num-shards", "3", "--lock-timeout-secs", "60", "--poll-interval-secs", "0.5", *caps)
+        prepare_demo(job, "--num-shards", "2", "--lock-timeout-secs", "60", "--poll-interval-secs", "0.5", *caps)
         worker = shard_job("worker", "--job-dir", str(job), "--runner", runner)
         assert re.search(r"runner=" + runner, worker.stderr)
         outputs[runner] = _merged(job, tmp_path / f"{runner}.jsonl")
         records = _attempts(job)
-        assert [r["runner"] for r in records] == [runner] * 3 and all(r["status"] == "succeeded" for r in records)
+        assert [r["runner"] for r in records] == [runner] * 2 and all(r["status"] == "succeeded" for r in records)
         for attempt in job.glob("attempts/*/*/"):
             assert "Processing data" in (attempt / "process.log").read_text()
     assert outputs["warm"] == outputs["process"] == b"".join(demo_baseline)
@@ -66,7 +66,7 @@ def test_warm_and_process_runners_give_identical_output_with_node_caps(tmp_path,
     logs = [(a / "process.log").read_text().splitlines()[0] for a in sorted(warm.glob("attempts/*/*/"))]
     pids = {re.search(r"warm runtime pid (\d+)", line).group(1) for line in logs}
     assert len(pids) == 1, logs
-    assert [re.search(r"shard (\d+) in it", line).group(1) for line in logs] == ["1", "2", "3"]
+    assert [re.search(r"shard (\d+) in it", line).group(1) for line in logs] == ["1", "2"]
     runtime_log = next((warm / "logs").glob("warm-*.log")).read_text()
     assert "--num-cpus 1 --object-store-mb 200" in runtime_log
     assert any(ray_tmp.glob("session_*")), "the Ray runtime did not use --ray-temp-dir"
@@ -190,9 +190,9 @@ def test_warm_runtime_crash_ray_death_and_hang_each_fail_one_attempt_then_the_jo
     assert not Path(f"/proc/{hung}").exists() or b"zombie" in Path(f"/proc/{hung}/status").read_bytes().lower()
     report = json.loads(shard_job("status", "--job-dir", str(job), "--json").stdout)
     assert report["complete"]
-    first = report["shards"][0]
-    assert first["failures"] == 3, first
-    errors = [a["error"] for a in _attempts(job) if a["status"] == "failed"]
+    # The warm runner claims the second shard ahead at once, so the three failures may fall on either shard.
+    assert sum(shard["failures"] for shard in report["shards"]) == 3, report["shards"]
+    errors = [a["error"] for a in sorted(_attempts(job), key=lambda a: a["finished_at"]) if a["status"] == "failed"]
     assert len(errors) == 3
     assert any("Ray" in e or "died" in e for e in errors[:1]), errors
     assert "died" in errors[1] and "sent no pulse" in errors[2], errors
