@@ -63,6 +63,7 @@ sys.path.insert(0, str(SRC))
 import orjson  # noqa: E402
 from cluster import Cluster, Node, cluster_available  # noqa: E402
 from conftest import SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
+from e2e_support import processes_with  # noqa: E402
 from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
@@ -726,17 +727,12 @@ class Harness:
 
 
 def _instances_of(job: Path) -> list[int]:
-    """Processes of warm operator instances started for `job` (Ray names them after the actor
-    class; the job's cache directory is in the environment of every process a runner starts)."""
+    """Processes of warm operator instances started for `job` (Ray names them after the actor class)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if b"OperatorInstance" in (entry / "cmdline").read_bytes() and str(job).encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
+    for pid in processes_with(str(job)):
+        with contextlib.suppress(OSError):
+            if b"OperatorInstance" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
     return found
 
 

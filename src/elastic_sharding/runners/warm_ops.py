@@ -26,6 +26,7 @@ began and ended, from which the pool reports the time every instance was busy at
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -37,6 +38,8 @@ from typing import Any
 
 import ray
 from ray.data import ActorPoolStrategy, Dataset
+
+from ..records import OperatorStats
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +101,6 @@ class _Slot:
     index: int
     handle: Any = None
     generation: int = 0
-    started_at: float = 0.0
     outstanding: int = 0
     pid: int | None = None
     ping_ref: Any = None
@@ -163,8 +165,7 @@ class BusyTracker:
 class Pool:
     """The long-lived instances of one operator configuration, and the calls in flight to them."""
 
-    def __init__(self, key: str, name: str, make: Callable[[], Any], size: int, cpus: float, hang_secs: float):
-        self.key = key
+    def __init__(self, name: str, make: Callable[[], Any], size: int, cpus: float, hang_secs: float):
         self.name = name
         self.size = size
         self.cpus = cpus
@@ -188,7 +189,6 @@ class Pool:
     def _start(self, slot: _Slot) -> None:
         slot.handle = self._make()
         slot.generation += 1
-        slot.started_at = time.monotonic()
         slot.outstanding = 0
         slot.pid = None
         slot.ping_ref = None
@@ -304,20 +304,21 @@ class Pool:
 
     # -- reporting and shutdown ----------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> OperatorStats:
         with self._cv:
-            return {
-                "op": self.name,
-                "instances": self.size,
-                "started": self.started,
-                "deaths": self.deaths,
-                "calls": self.calls,
-                "rows": self.rows,
-                "busy_secs": round(self.busy.busy_secs, 3),
-                "all_busy_secs": round(self.busy.all_busy_secs, 3),
-                "window_secs": round(self.busy.window_secs(), 3),
-                "busy_now": sum(1 for s in self.slots if s.outstanding),
-            }
+            return OperatorStats(
+                op=self.name,
+                runtime_pid=os.getpid(),
+                instances=self.size,
+                started=self.started,
+                deaths=self.deaths,
+                calls=self.calls,
+                rows=self.rows,
+                busy_secs=round(self.busy.busy_secs, 3),
+                all_busy_secs=round(self.busy.all_busy_secs, 3),
+                window_secs=round(self.busy.window_secs(), 3),
+                busy_now=sum(1 for s in self.slots if s.outstanding),
+            )
 
     def close(self) -> None:
         with self._cv:
@@ -432,7 +433,7 @@ class WarmOperators:
                 return OperatorInstance.options(**options).remote(fn, args, init)
 
             log.info("starting %d warm instance(s) of %s (%s)", size, name, options)
-            pool = self._pools[key] = Pool(key, name, make, size, cpus, self.hang_secs)
+            pool = self._pools[key] = Pool(name, make, size, cpus, self.hang_secs)
             return pool
 
     def _cpus_per_instance(self, num_cpus: float | None, size: int) -> float:
@@ -492,8 +493,9 @@ class WarmOperators:
                 raise OperatorFailed(call.error)
 
     def stats(self) -> list[dict[str, Any]]:
+        """Each pool's figures as the JSON the worker records (`records.OperatorStats`)."""
         with self._lock:
-            return [pool.stats() for pool in self._pools.values()]
+            return [dataclasses.asdict(pool.stats()) for pool in self._pools.values()]
 
     def close(self) -> None:
         with self._lock:

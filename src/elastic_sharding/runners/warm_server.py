@@ -143,8 +143,7 @@ class _State:
             return sorted(self._running)
 
     def operators(self) -> list[dict[str, Any]]:
-        stats = self.warm.stats() if self.warm is not None else []
-        return [{**figures, "runtime_pid": os.getpid()} for figures in stats]
+        return self.warm.stats() if self.warm is not None else []
 
 
 def _run_shard(recipe: str, recipes: Any) -> None:
