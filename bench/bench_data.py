@@ -9,6 +9,7 @@ so every operator of the CPU recipe has real work to do.
 from __future__ import annotations
 
 import random
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,50 @@ def write_dataset(path: Path, rows: int, seed: int = 20261101) -> Path:
     return path
 
 
+PROSE_DIRS = (Path("/usr/share/common-licenses"),)
+PROSE_ROW_CHARS = (900, 1500)  # a row's text length, uniform: ~1.2 K characters, ~1.3 KB a JSON row
+
+
+def prose_corpus() -> tuple[str, list[tuple[str, str]]]:
+    """Real prose found on this machine, in a fixed order: the license texts of
+    /usr/share/common-licenses, else the LICENSE files of the installed Python packages, else
+    seeded word salad. Returns (where it came from, [(name, text)])."""
+    for root in PROSE_DIRS:
+        files = sorted({p.resolve() for p in root.glob("*") if p.is_file()}) if root.is_dir() else []
+        texts = [(p.name, p.read_text(errors="replace")) for p in files]
+        if texts := [(name, text) for name, text in texts if len(text) > 2 * PROSE_ROW_CHARS[1]]:
+            return str(root), texts
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = sorted(p for p in site.glob("*.dist-info/**/LICEN[SC]E*") if p.is_file())
+    texts = [(p.parent.name if p.parent.name != "licenses" else p.parents[1].name, p.read_text(errors="replace")) for p in files]
+    if texts := [(name, text) for name, text in texts if len(text) > 2 * PROSE_ROW_CHARS[1]]:
+        return f"{site}/*.dist-info LICENSE files", texts
+    rng = random.Random(7)
+    return "seeded word salad", [(f"salad-{k}", " ".join(rng.choice(_WORDS) for _ in range(4000))) for k in range(8)]
+
+
+def write_prose_dataset(path: Path, rows: int, seed: int = 20261201) -> tuple[Path, str]:
+    """Write `rows` rows of real prose, `{"id", "text", "meta"}`, ~1.3 KB each: a seeded window
+    of one of the `prose_corpus` texts, cut at spaces. Returns (path, where the prose came from)."""
+    source, texts = prose_corpus()
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    low, high = PROSE_ROW_CHARS
+    with open(path, "wb", buffering=1 << 20) as out:
+        chunk: list[bytes] = []
+        for i in range(rows):
+            name, text = texts[rng.randrange(len(texts))]
+            start = text.find(" ", rng.randrange(len(text) - high)) + 1
+            end = text.rfind(" ", start, start + rng.randint(low, high))
+            row = {"id": i, "text": text[start:end], "meta": {"source": name, "offset": start, "lang": "en"}}
+            chunk.append(orjson.dumps(row) + b"\n")
+            if len(chunk) == 4096:
+                out.write(b"".join(chunk))
+                chunk.clear()
+        out.write(b"".join(chunk))
+    return path, source
+
+
 def write_tiny_dataset(path: Path, rows: int) -> Path:
     """Rows as small as a valid row gets: for measuring coordination, not processing."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +186,10 @@ def write_recipe(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return path
+
+
+# The prepare_coop recipe: prepare validates it (and imports Data-Juicer); the workers never get far.
+TRIVIAL_OPS: list[dict[str, Any]] = [{"whitespace_normalization_mapper": {"text_key": "text"}}]
 
 
 def sleep_ops(ms_per_row: float) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import ctypes
 import datetime
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -77,6 +78,23 @@ class Result:
         met = None if limit is None else ratio <= float(limit)
         return cls(name, label, ours, baseline, ratio, ratio, "x", target, met, details)
 
+    @classmethod
+    def speedup(
+        cls, name: str, label: str, ours: float, baseline: float, at_least: str | None, details: dict[str, Any]
+    ) -> Result:
+        """baseline / ours (how many times faster ours is), judged against `at_least` times
+        (None: reported only). The one kind of row whose `ratio` is baseline / ours."""
+        ratio = baseline / ours
+        target = "(reported)" if at_least is None else f">= {at_least}x"
+        met = None if at_least is None else ratio >= float(at_least)
+        return cls(name, label, ours, baseline, ratio, ratio, "x", target, met, {"ratio_is": "baseline / ours", **details})
+
+    @classmethod
+    def skipped(cls, name: str, label: str, why: str, details: dict[str, Any] | None = None) -> Result:
+        """A row this checkout cannot measure (a flag or feature it lacks): no value, no verdict,
+        not an error."""
+        return cls(name, label, None, None, None, None, "", "(not measured)", None, {"skipped": why, **(details or {})})
+
 
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError):
@@ -98,6 +116,8 @@ class Bench:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._help: dict[str, str] = {}
         self._ray_dirs = 0
+        # What one measurement leaves for a later one (e2e's finished job for job_dir_bytes).
+        self.shared: dict[str, Any] = {}
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -107,13 +127,17 @@ class Bench:
     def dj_process(self, recipe: Path) -> list[str]:
         return [str(VENV_BIN / "dj-process"), "--config", str(recipe)]
 
-    def supports(self, command: str, flag: str) -> bool:
-        """Whether `elastic-shard <command> --help` lists `flag` (checked at run time, so the bench
-        works before and after new flags land)."""
+    def help_text(self, command: str) -> str:
+        """`elastic-shard <command> --help`, once per command."""
         if command not in self._help:
             proc = subprocess.run(self.elastic(command, "--help"), capture_output=True, text=True, timeout=120)
             self._help[command] = proc.stdout
-        return flag in self._help[command].split()
+        return self._help[command]
+
+    def supports(self, command: str, flag: str) -> bool:
+        """Whether `elastic-shard <command> --help` lists `flag` (checked at run time, so the bench
+        works before and after new flags land)."""
+        return flag in self.help_text(command).split()
 
     def resource_flags(self, command: str, num_cpus: int | None = None, object_store_mb: int | None = None) -> list[str]:
         """Node-resource flags for `command`, only those it lists; a private Ray temp dir always."""
@@ -189,6 +213,50 @@ class Bench:
         proc = self.start(name, argv, env, cwd)
         ended = self.wait([proc], name)
         return ended[proc.pid] - t0
+
+    def run_until(
+        self, name: str, argv: Sequence[str], pattern: re.Pattern[str], cwd: Path | None = None, grace: float = 0.3
+    ) -> tuple[float, str, int | None]:
+        """Start one command and stop it once its log has a complete line matching `pattern`
+        (then `grace` seconds more, for lines that come together); return (seconds from the
+        start until the line, the log, its exit code: None if it had to be stopped). It may also
+        end by itself first: with code 0 the log is still searched, any other code fails."""
+        t0 = time.monotonic()
+        proc = self.start(name, argv, cwd=cwd)
+        log: Path = proc.log_path  # type: ignore[attr-defined]
+        deadline = t0 + self.timeout
+        while True:
+            code = proc.poll()
+            text = log.read_text(errors="replace")
+            if any(pattern.search(line) for line in text.splitlines(keepends=True) if line.endswith("\n")):
+                seen = time.monotonic() - t0
+                break
+            if code is not None:
+                self.wait([proc], name)  # raises unless it succeeded
+                raise BenchError(f"{name}: ended without a line matching {pattern.pattern!r}; see {log}\n{_tail(log)}")
+            if time.monotonic() > deadline:
+                self.stop_all()
+                raise BenchError(f"{name}: no line matching {pattern.pattern!r} after {self.timeout:.0f}s; stopped")
+            time.sleep(0.02)
+        time.sleep(grace)
+        code = self.stop(proc)
+        return seen, log.read_text(errors="replace"), code
+
+    def stop(self, proc: subprocess.Popen[bytes], grace: float = 60.0) -> int | None:
+        """Stop one child this bench started: SIGTERM to it alone (a launcher then drains its own
+        workers), SIGKILL to its whole process group after `grace` seconds or once it exited.
+        Returns its exit code if it had already ended by itself, else None."""
+        code = proc.poll()
+        if code is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+        _signal_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        self._children.pop(proc.pid, None)
+        return code
 
     def stop_all(self) -> None:
         """Stop every process group this bench started and that is still running."""

@@ -7,7 +7,11 @@ never shows up as cost, and the node-resource flags only where `elastic-shard` l
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
+import shutil
+import stat
 import statistics
 import subprocess
 import time
@@ -18,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_data import CPU_OPS, CUSTOM_OPS, model_ops, sleep_ops, write_dataset, write_recipe, write_tiny_dataset
+from bench_data import (
+    CPU_OPS,
+    CUSTOM_OPS,
+    TRIVIAL_OPS,
+    model_ops,
+    sleep_ops,
+    write_dataset,
+    write_prose_dataset,
+    write_recipe,
+    write_tiny_dataset,
+)
 from bench_lib import (
     PYTHON,
     Bench,
@@ -44,7 +58,8 @@ class Sizes:
     """How big each measurement is; `--quick` and the default differ only here."""
 
     rows: int  # end-to-end input (and prepare/merge input unless io_rows is set)
-    io_rows: int  # prepare and merge input
+    io_rows: int  # prepare and merge input (rows of prose, ~1.3 KB each)
+    io_shards: int  # shards of the prepare/merge jobs
     overhead_shards: int
     overhead_rows_per_shard: int
     e2e_shards: int
@@ -163,13 +178,19 @@ def measure_e2e(b: Bench, s: Sizes, baselines: tuple[str, ...]) -> list[Result]:
             walls["ours"] = b.run("e2e-ours-local", argv, cwd=d)
             rows["ours"] = count_lines(merged)
             records = completions(job)
+            b.shared["e2e"] = {"job": job, "input": data, "merged": merged}
+            secs = effective_seconds(records)  # in the order the attempts started
             ours_detail = {
                 "shards": s.e2e_shards,
                 "rows_in": s.rows,
                 "rows_out": rows["ours"],
+                "input_bytes": data.stat().st_size,
+                "output_bytes": merged.stat().st_size,
                 "processing_span_secs": span(records),
-                "sum_shard_secs": sum(effective_seconds(records)),
-                "median_shard_secs": median(effective_seconds(records)),
+                "sum_shard_secs": sum(secs),
+                "median_shard_secs": median(secs),
+                # The warm runtime starts inside the first attempt: its excess over a median shard.
+                "node_startup_secs": max(0.0, secs[0] - median(secs)),
             }
     results = []
     for name in baselines:
@@ -338,6 +359,40 @@ def measure_hetero(b: Bench, s: Sizes) -> list[Result]:
 
 # -- prepare and merge -----------------------------------------------------------------------------
 
+PREPARE_BASELINES = Path(__file__).resolve().parent / "prepare_baselines.py"
+# The line prepare logs when it is done. Newer checkouts end it with the prepare phase's own time
+# and how many processes took part; older ones stop after "shard(s)".
+PREPARED_LINE = re.compile(
+    r"prepared (?P<job>\S+): (?P<rows>\d+) rows from (?P<files>\d+) file\(s\) in (?P<shards>\d+) shard\(s\)"
+    r"(?: in (?P<secs>\d+(?:\.\d+)?)s by (?P<participants>\d+) participant\(s\))?"
+)
+MERGE_TARGET, MERGE_DIR_TARGET = "1.3", "0.05"
+
+
+def prepared_lines(log: str) -> list[dict[str, Any]]:
+    """Every complete 'prepared ...' line of a log: {job, rows, files, shards, secs, participants}
+    (the last two None where this checkout does not log them)."""
+    found = []
+    for line in log.splitlines(keepends=True):
+        if line.endswith("\n") and (m := PREPARED_LINE.search(line)):
+            found.append(
+                {
+                    "job": m["job"],
+                    "rows": int(m["rows"]),
+                    "files": int(m["files"]),
+                    "shards": int(m["shards"]),
+                    "secs": float(m["secs"]) if m["secs"] else None,
+                    "participants": int(m["participants"]) if m["participants"] else None,
+                }
+            )
+    return found
+
+
+def _logged_phase(b: Bench, name: str) -> dict[str, Any] | None:
+    """The prepare phase as the prepare of run `name` logged it (None without a timed line)."""
+    lines = [line for line in prepared_lines((b.logs / f"{name}.log").read_text(errors="replace")) if line["secs"] is not None]
+    return max(lines, key=lambda line: line["secs"]) if lines else None
+
 
 def _timed_to_file(argv: list[str], out: Path) -> float:
     t0 = time.monotonic()
@@ -346,79 +401,95 @@ def _timed_to_file(argv: list[str], out: Path) -> float:
     return time.monotonic() - t0
 
 
-def measure_prepare_merge(b: Bench, s: Sizes, wanted: tuple[str, ...]) -> list[Result]:
-    """prepare vs `sha256sum` of the input; merge vs `cat` of the files merge reads. Median of
-    `repeats` interleaved runs each (they are short, so one run would be mostly noise)."""
+def _baseline(mode: str, *args: str | Path) -> list[str]:
+    return [PYTHON, str(PREPARE_BASELINES), mode, *map(str, args)]
+
+
+def _mb_per_sec(size: int, secs: float) -> float:
+    return size / 1e6 / max(secs, 1e-9)
+
+
+def measure_io(b: Bench, s: Sizes, wanted: tuple[str, ...]) -> list[Result]:
+    """Everything about prepare and merge, on one input of real prose (~1.3 KB rows): prepare vs
+    the one-process floor and vs the original tool's algorithm, the no-op prepare, prepare with
+    1 vs 2 processes and participants, merge (to a file and to a directory) vs cat. Every side
+    runs `repeats` times, interleaved with its baselines; the medians are compared."""
     d = b.work / "io"
-    data = write_dataset(d / "input.jsonl", s.io_rows)
+    data, source = write_prose_dataset(d / "input.jsonl", s.io_rows)
     size = data.stat().st_size
     recipe = write_recipe(d / "recipe.yaml", data, d / "unused.jsonl", CPU_OPS)
-    results = []
-    prep, sha = [], []
-    progress(f"prepare vs sha256sum: {s.io_rows} rows, {size / 1e6:.0f} MB, {s.repeats} runs each")
-    for i in range(s.repeats):
-        sha.append(_timed_to_file(["sha256sum", str(data)], d / "sha256.txt"))
-        prep.append(_prepare(b, f"io-prepare-{i}", recipe, data, d / f"job-{i}", s.e2e_shards))
-    tiny = write_dataset(d / "one-row.jsonl", 1)
-    startup = _prepare(b, "io-prepare-one-row", recipe, tiny, d / "job-one-row", 1)
+    common = {"input_bytes": size, "rows": s.io_rows, "bytes_per_row": size / s.io_rows, "shards": s.io_shards, "prose": source}
+    merging = "merge" in wanted or "merge_dir" in wanted
+    results: list[Result] = []
+    # job-0 serves the no-op prepare and the merge through the CLI (merge_measure makes its own).
+    if {"prepare", "prepare_original", "prepare_noop"} & set(wanted) or (merging and _merge_module() is None):
+        results += _measure_prepare(b, s, recipe, data, d, common, wanted)
     if "prepare_noop" in wanted:
         results.append(_measure_noop_prepare(b, s, recipe, data, d))
-    if "prepare" in wanted:
-        ours, base = median(prep), median(sha)
-        results.append(
-            Result.times(
-                "prepare",
-                "prepare vs sha256sum of the input",
-                ours,
-                base,
-                "3",
-                {
-                    "input_bytes": size,
-                    "rows": s.io_rows,
-                    "shards": s.e2e_shards,
-                    "runs_ours": prep,
-                    "runs_baseline": sha,
-                    "ours_mb_per_sec": size / 1e6 / ours,
-                    "baseline_mb_per_sec": size / 1e6 / base,
-                    "prepare_one_row_secs": startup,
-                },
-            )
-        )
-    if "merge" not in wanted:
-        return results
-    job = d / "job-0"
-    progress("merge: completing the job with 2 passthrough workers (not timed)")
-    b.wait([b.start(f"io-passthrough-{k}", _passthrough(job)) for k in range(2)], "passthrough workers")
-    records = completions(job)
-    outputs = [str(job / "attempts" / r["shard_id"] / r["attempt_id"] / "processed.jsonl") for r in records]
-    out_bytes = sum(r["output_bytes"] for r in records)
-    merges, cats = [], []
-    progress(f"merge vs cat: {len(outputs)} shard outputs, {out_bytes / 1e6:.0f} MB, {s.repeats} runs each")
-    for i in range(s.repeats):
-        cats.append(_timed_to_file(["cat", *outputs], d / "cat.jsonl"))
-        merged = d / "merged.jsonl"
-        merged.unlink(missing_ok=True)
-        merges.append(b.run(f"io-merge-{i}", b.elastic("merge", "--job-dir", str(job), "--output", str(merged))))
-    same = (d / "cat.jsonl").read_bytes() == (d / "merged.jsonl").read_bytes()
-    ours, base = median(merges), median(cats)
-    results.append(
-        Result.times(
-            "merge",
-            "merge vs cat of the shard outputs",
-            ours,
-            base,
-            "2",
-            {
-                "output_bytes": out_bytes,
-                "shards": len(outputs),
-                "runs_ours": merges,
-                "runs_baseline": cats,
-                "identical_output": same,
-                "ours_mb_per_sec": out_bytes / 1e6 / ours,
-                "baseline_mb_per_sec": out_bytes / 1e6 / base,
-            },
-        )
+    if "prepare_procs" in wanted:
+        results.append(_measure_prepare_procs(b, s, recipe, data, d, common))
+    if "prepare_coop" in wanted:
+        results.append(_measure_prepare_coop(b, s, data, d, common))
+    if merging:
+        results += _measure_merge(b, s, d, wanted)
+    return results
+
+
+def _measure_prepare(
+    b: Bench, s: Sizes, recipe: Path, data: Path, d: Path, common: dict[str, Any], wanted: tuple[str, ...]
+) -> list[Result]:
+    """`prepare --num-shards io_shards` (wall time of the command) interleaved with the floor and
+    the original algorithm (bench/prepare_baselines.py), `repeats` times where either is wanted
+    (else once, to leave job-0 behind); then a prepare of a one-row input (the fixed cost)."""
+    size = common["input_bytes"]
+    sides = [side for side, name in (("floor", "prepare"), ("original", "prepare_original")) if name in wanted]
+    runs = s.repeats if sides else 1
+    progress(
+        f"prepare --num-shards {s.io_shards}{' vs ' + ' and '.join(sides) if sides else ''}: {s.io_rows} rows of prose, "
+        f"{size / 1e6:.0f} MB, {runs} run(s) each"
     )
+    prep: list[float] = []
+    base: dict[str, list[float]] = {side: [] for side in sides}
+    logged: list[dict[str, Any] | None] = []
+    for i in range(runs):
+        if "floor" in base:
+            base["floor"].append(_timed_to_file(_baseline("floor", data), d / "floor.json"))
+        if "original" in base:
+            shutil.rmtree(d / "original", ignore_errors=True)
+            base["original"].append(_timed_to_file(_baseline("original", data, d / "original", s.io_shards), d / "original.json"))
+            shutil.rmtree(d / "original")
+        prep.append(_prepare(b, f"io-prepare-{i}", recipe, data, d / f"job-{i}", s.io_shards))
+        logged.append(_logged_phase(b, f"io-prepare-{i}"))
+        if i:
+            shutil.rmtree(d / f"job-{i}")  # job-0 is kept for the no-op prepare and the merge
+    tiny = write_dataset(d / "one-row.jsonl", 1)
+    startup = _prepare(b, "io-prepare-one-row", recipe, tiny, d / "job-one-row", 1)
+    ours = median(prep)
+    prepare_details = {
+        **common,
+        "runs_ours": prep,
+        "ours_mb_per_sec": _mb_per_sec(size, ours),
+        "prepare_one_row_secs": startup,
+        "ours_mb_per_sec_less_one_row": _mb_per_sec(size, ours - startup),
+        "logged_phase_secs": [line and line["secs"] for line in logged],
+        "logged_participants": [line and line["participants"] for line in logged],
+        "cooperative_prepare": any(logged),  # its log line has "in X.XXs by P participant(s)"
+    }
+    results = []
+    if "floor" in base:
+        floor = median(base["floor"])
+        floor_out = orjson.loads((d / "floor.json").read_bytes())
+        details = {**prepare_details, "runs_baseline": base["floor"], "baseline_mb_per_sec": _mb_per_sec(size, floor)}
+        details["baseline_read_every_row"] = floor_out["rows"] == s.io_rows
+        label = f"prepare ({s.io_shards} shards) vs one-process floor"
+        results.append(Result.times("prepare", label, ours, floor, "1.0", details))
+    if "original" in base:
+        orig = median(base["original"])
+        orig_out = orjson.loads((d / "original.json").read_bytes())
+        details = {**prepare_details, "runs_baseline": base["original"], "baseline_mb_per_sec": _mb_per_sec(size, orig)}
+        details["baseline_rows"] = orig_out["rows"]
+        label = "original tool's prepare vs ours (original / ours)"
+        results.append(Result.speedup("prepare_original", label, ours, orig, "4", details))
     return results
 
 
@@ -436,7 +507,7 @@ def _measure_noop_prepare(b: Bench, s: Sizes, recipe: Path, data: Path, d: Path)
     progress(f"no-op prepare vs reading and hashing the input in one process: {size / 1e6:.0f} MB, {s.repeats} runs each")
     for i in range(s.repeats):
         floor.append(_timed_to_file([PYTHON, "-c", HASH_FLOOR, str(data)], d / "floor-sha256.txt"))
-        noop.append(_prepare(b, f"io-prepare-noop-{i}", recipe, data, d / "job-0", s.e2e_shards))
+        noop.append(_prepare(b, f"io-prepare-noop-{i}", recipe, data, d / "job-0", s.io_shards))
     fixed_ours = _prepare(b, "io-prepare-noop-one-row", recipe, tiny, d / "job-one-row", 1)
     fixed_floor = _timed_to_file([PYTHON, "-c", HASH_FLOOR, str(tiny)], d / "floor-sha256.txt")
     ours, base = median(noop), median(floor)
@@ -461,6 +532,243 @@ def _measure_noop_prepare(b: Bench, s: Sizes, recipe: Path, data: Path, d: Path)
             "baseline_mb_per_sec": size / 1e6 / max(base - fixed_floor, 1e-9),
         },
     )
+
+
+def _measure_prepare_procs(b: Bench, s: Sizes, recipe: Path, data: Path, d: Path, common: dict[str, Any]) -> Result:
+    """`prepare --prepare-procs 1` vs `2` (wall times of the whole command), where it has the flag."""
+    label = "prepare --prepare-procs 2 vs 1 (t1 / t2)"
+    if not b.supports("prepare", "--prepare-procs"):
+        return Result.skipped("prepare_procs", label, "this checkout's `elastic-shard prepare --help` lists no --prepare-procs")
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    logged: dict[int, list[Any]] = {1: [], 2: []}
+    progress(f"prepare --prepare-procs 1 vs 2: {size_mb(data)} MB, {s.repeats} run(s) each")
+    for i in range(s.repeats):
+        for procs in (1, 2):
+            job, name = d / f"procs-{procs}-{i}", f"io-prepare-procs{procs}-{i}"
+            argv = b.elastic(*_prepare_argv(recipe, data, job, s.io_shards), "--prepare-procs", str(procs))
+            walls[procs].append(b.run(name, argv))
+            line = _logged_phase(b, name)
+            logged[procs].append(line and line["secs"])
+            shutil.rmtree(job)
+    t1, t2 = median(walls[1]), median(walls[2])
+    details = {**common, "runs_1_proc": walls[1], "runs_2_procs": walls[2]}
+    details |= {"logged_phase_secs_1_proc": logged[1], "logged_phase_secs_2_procs": logged[2]}
+    return Result.speedup("prepare_procs", label, t2, t1, None, details)
+
+
+def size_mb(path: Path) -> str:
+    return f"{path.stat().st_size / 1e6:.0f}"
+
+
+def _local_until_prepared(b: Bench, name: str, recipe: Path, data: Path, job: Path, shards: int, workers: int) -> dict:
+    """`local --workers N`, stopped as soon as its prepare is done: the prepare phase as logged
+    (`in X.XXs by P participant(s)`), else the time from starting `local` until its 'prepared'
+    line appeared (this checkout logs no phase time)."""
+    argv = b.elastic("local", "--workers", str(workers), "--config", str(recipe), "--dataset-path", str(data))
+    argv += ["--job-dir", str(job), "--num-shards", str(shards), "--output", str(job.parent / "merged.jsonl")]
+    argv += ["--runner", b.our_runner, *JOB_SETTINGS, *b.resource_flags("local")]
+    until_line, log, code = b.run_until(name, argv, PREPARED_LINE, cwd=job.parent)
+    lines = [line for line in prepared_lines(log) if line["secs"] is not None]
+    phase = max(lines, key=lambda line: line["secs"]) if lines else None
+    return {
+        "secs": phase["secs"] if phase else until_line,
+        "source": "logged" if phase else "wall_until_line",
+        "participants": phase["participants"] if phase else None,
+        "secs_until_line": until_line,
+        "ended_by_itself": code is not None,
+    }
+
+
+def _measure_prepare_coop(b: Bench, s: Sizes, data: Path, d: Path, common: dict[str, Any]) -> Result:
+    """The prepare phase of `local --workers 1` vs `--workers 2` (a trivial recipe; each run is
+    stopped once prepared), interleaved, medians: t1 / t2."""
+    recipe = write_recipe(d / "trivial.yaml", data, d / "unused.jsonl", TRIVIAL_OPS)
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    progress(f"prepare phase of local --workers 1 vs 2: {size_mb(data)} MB, {s.io_shards} shards, {s.repeats} run(s) each")
+    for i in range(s.repeats):
+        for workers in (1, 2):
+            parent = d / f"coop-{workers}-{i}"
+            parent.mkdir()
+            runs[workers].append(
+                _local_until_prepared(b, f"io-coop-w{workers}-{i}", recipe, data, parent / "job", s.io_shards, workers)
+            )
+            shutil.rmtree(parent)
+    t1, t2 = median([r["secs"] for r in runs[1]]), median([r["secs"] for r in runs[2]])
+    sources = {r["source"] for rs in runs.values() for r in rs}
+    details = {
+        **common,
+        "phase_secs_from": "the 'prepared ... in X.XXs by P participant(s)' log line"
+        if sources == {"logged"}
+        else "wall time from starting `local` until its 'prepared' line (no phase time logged)"
+        if sources == {"wall_until_line"}
+        else "mixed: " + ", ".join(sorted(sources)),
+        "cooperative_prepare": sources == {"logged"},
+        "participants_1_worker": runs[1][-1]["participants"],
+        "participants_2_workers": runs[2][-1]["participants"],
+        "runs_1_worker": runs[1],
+        "runs_2_workers": runs[2],
+    }
+    label = "prepare phase, local --workers 2 vs 1 (t1 / t2)"
+    return Result.speedup("prepare_coop", label, t2, t1, "1.7", details)
+
+
+def _merge_module() -> Callable[..., dict[str, Any]] | None:
+    """bench/merge_measure.py's `measure_merge(workdir, total_mb)`, where this checkout has it."""
+    try:
+        from merge_measure import measure_merge  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return measure_merge
+
+
+def _dir_parts(out: Path) -> list[Path]:
+    return sorted(p for p in out.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _measure_merge(b: Bench, s: Sizes, d: Path, wanted: tuple[str, ...]) -> list[Result]:
+    """merge to one file and to a directory vs `cat` of the shard outputs: through
+    bench/merge_measure.py where it exists, else here through the CLI on the completed job-0."""
+    measure = _merge_module()
+    if measure is not None:
+        total_mb = (d / "input.jsonl").stat().st_size / 1e6
+        progress(f"merge vs cat: bench/merge_measure.measure_merge({total_mb:.0f} MB)")
+        kwargs = {"repeats": s.repeats} if "repeats" in inspect.signature(measure).parameters else {}
+        m = measure(d / "merge-measure", total_mb, **kwargs)
+        out_bytes, cat, merge, merge_dir = m["bytes"], m["cat_secs"], m["merge_secs"], m.get("dir_secs")
+        details = {"source": "bench/merge_measure.measure_merge", "measure_merge": m, "output_bytes": out_bytes}
+        dir_skipped = None if merge_dir else "measure_merge returned no dir_secs"
+    else:
+        out_bytes, cat, merge, merge_dir, details, dir_skipped = _merge_via_cli(b, s, d, wanted)
+    results = []
+    rates = {"ours_mb_per_sec": _mb_per_sec(out_bytes, merge), "baseline_mb_per_sec": _mb_per_sec(out_bytes, cat)}
+    if "merge" in wanted:
+        label = "merge to a file vs cat of the shard outputs"
+        results.append(Result.times("merge", label, merge, cat, MERGE_TARGET, {**details, **rates}))
+    if "merge_dir" in wanted:
+        label = "merge to a directory vs cat of the shard outputs"
+        if dir_skipped:
+            results.append(Result.skipped("merge_dir", label, dir_skipped, details))
+        else:
+            dir_rates = {
+                "ours_mb_per_sec": _mb_per_sec(out_bytes, merge_dir),
+                "baseline_mb_per_sec": rates["baseline_mb_per_sec"],
+            }
+            results.append(Result.times("merge_dir", label, merge_dir, cat, MERGE_DIR_TARGET, {**details, **dir_rates}))
+    return results
+
+
+def _merge_via_cli(b: Bench, s: Sizes, d: Path, wanted: tuple[str, ...]) -> tuple:
+    job = d / "job-0"
+    progress("merge: completing the job with 2 passthrough workers (not timed)")
+    b.wait([b.start(f"io-passthrough-{k}", _passthrough(job)) for k in range(2)], "passthrough workers")
+    records = completions(job)
+    outputs = [str(job / "attempts" / r["shard_id"] / r["attempt_id"] / "processed.jsonl") for r in records]
+    out_bytes = sum(r["output_bytes"] for r in records)
+    merges, dirs, cats = [], [], []
+    dir_skipped: str | None = None if "merge_dir" in wanted else "not wanted"
+    merged, merged_dir = d / "merged.jsonl", d / "merged-dir"
+    progress(f"merge vs cat: {len(outputs)} shard outputs, {out_bytes / 1e6:.0f} MB, {s.repeats} runs each")
+    for i in range(s.repeats):
+        cats.append(_timed_to_file(["cat", *outputs], d / "cat.jsonl"))
+        if "merge" in wanted or i == 0:
+            merged.unlink(missing_ok=True)
+            merges.append(b.run(f"io-merge-{i}", b.elastic("merge", "--job-dir", str(job), "--output", str(merged))))
+        if dir_skipped is None:
+            shutil.rmtree(merged_dir, ignore_errors=True)
+            name = f"io-merge-dir-{i}"
+            try:
+                secs = b.run(name, b.elastic("merge", "--job-dir", str(job), "--output", f"{merged_dir}/"))
+            except BenchError:
+                # An older merge that takes only a file; the row says so, with the log, not an error.
+                dir_skipped = f"`merge --output DIR/` failed: no directory output in this checkout? see {b.logs / name}.log"
+                continue
+            if merged_dir.is_dir():
+                dirs.append(secs)
+            else:
+                merged_dir.unlink(missing_ok=True)
+                dir_skipped = "this checkout's merge writes no directory output (`merge --output DIR/` wrote one file)"
+    cat_bytes = (d / "cat.jsonl").read_bytes()
+    details: dict[str, Any] = {
+        "source": "elastic-shard merge (CLI)",
+        "output_bytes": out_bytes,
+        "shards": len(outputs),
+        "runs_ours": merges,
+        "runs_ours_dir": dirs,
+        "runs_baseline": cats,
+        "identical_output": merged.read_bytes() == cat_bytes,
+    }
+    if dirs:
+        parts = _dir_parts(merged_dir)
+        details["dir_files"] = len(parts)
+        details["dir_same_bytes_as_cat"] = b"".join(p.read_bytes() for p in parts if p.suffix == ".jsonl") == cat_bytes
+    merge_dir = median(dirs) if dirs else None
+    return out_bytes, median(cats), median(merges), merge_dir, details, dir_skipped
+
+
+# -- job directory size ----------------------------------------------------------------------------
+
+JOB_DIR_TARGET = 2.2
+
+
+def _own_job_dir_bytes(job: Path) -> int:
+    """Apparent size of every regular file under `job`, each hard-linked inode once, links not followed."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for directory, _, files in os.walk(job):
+        for name in files:
+            st = os.lstat(os.path.join(directory, name))
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def measure_job_dir(b: Bench, s: Sizes) -> list[Result]:
+    """Job-directory bytes per input byte after a whole `local` run of the CPU recipe (the
+    end-to-end run's job when it ran in this invocation; the merged file is written outside the
+    job directory)."""
+    e2e = b.shared.get("e2e")
+    if e2e is None:
+        d = b.work / "jobdir"
+        data = write_dataset(d / "input.jsonl", s.rows)
+        recipe = write_recipe(d / "recipe.yaml", data, d / "unused.jsonl", CPU_OPS)
+        job, merged = d / "job", d / "merged.jsonl"
+        progress(f"job_dir_bytes: local --workers 1, {s.e2e_shards} shards, {s.rows} rows")
+        b.run("jobdir-local", _local(b, recipe, data, job, s.e2e_shards, merged, b.our_runner), cwd=d)
+        e2e = {"job": job, "input": data, "merged": merged, "run": "its own local --workers 1 run"}
+    job, data = e2e["job"], e2e["input"]
+    try:
+        import jobdir_measure  # type: ignore[import-not-found]
+
+        total, source = jobdir_measure.job_dir_bytes(job), "bench/jobdir_measure.job_dir_bytes"
+        breakdown = jobdir_measure.job_dir_breakdown(job) if hasattr(jobdir_measure, "job_dir_breakdown") else None
+    except ImportError:
+        total, source, breakdown = _own_job_dir_bytes(job), "bench_measures._own_job_dir_bytes", None
+    size = data.stat().st_size
+    value = total / size
+    return [
+        Result(
+            name="job_dir_bytes",
+            label="job directory bytes per input byte after local",
+            ours_secs=None,
+            baseline_secs=None,
+            ratio=None,
+            value=value,
+            unit="B/B",
+            target=f"<= {JOB_DIR_TARGET} B/B",
+            met=value <= JOB_DIR_TARGET,
+            details={
+                "job_dir_bytes": total,
+                "input_bytes": size,
+                "counted_by": source,
+                "breakdown": breakdown,
+                "run": e2e.get("run", "the e2e_ray run of this invocation (local --workers 1)"),
+                "merged_output": f"outside the job directory ({e2e['merged']})",
+                "shards": s.e2e_shards,
+                "per_input_byte": {k: v / size for k, v in breakdown.items()} if breakdown else None,
+            },
+        )
+    ]
 
 
 # -- claim throughput ------------------------------------------------------------------------------

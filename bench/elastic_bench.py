@@ -2,7 +2,8 @@
 with its baseline in this one invocation (on a shared, noisy box only ratios mean anything).
 
 Usage: bench/run [--quick] [--rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
-The table goes to stdout, progress to stderr, everything measured to the JSON file.
+The table goes to stdout (then the scaling projection from this run's rates), progress to
+stderr, everything measured to the JSON file.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,14 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import scale
 from bench_lib import REPO, Bench, BenchError, Result, machine_info, progress
 from bench_measures import (
     Sizes,
     measure_claims,
     measure_e2e,
     measure_hetero,
+    measure_io,
+    measure_job_dir,
     measure_overhead,
-    measure_prepare_merge,
     measure_shard_cost,
     measure_warm_ops,
 )
@@ -34,9 +38,11 @@ from elastic_sharding.runners import RUNNERS
 
 DEFAULT = Sizes(
     rows=100_000,
-    # prepare and merge exist for very large inputs: at 100k rows (~38 MB) their fixed start-up
-    # (~3 s, mostly importing Data-Juicer to validate the recipe) would be all that is measured.
-    io_rows=1_000_000,
+    # prepare and merge exist for very large inputs: on a small one their fixed start-up (~3 s,
+    # mostly importing Data-Juicer to validate the recipe) would be all that is measured. 500k
+    # rows of prose are ~650 MB.
+    io_rows=500_000,
+    io_shards=16,
     overhead_shards=16,
     overhead_rows_per_shard=50,
     e2e_shards=8,
@@ -76,19 +82,30 @@ NAMES = (
     "e2e_partitioned",
     "hetero_dynamic",
     "hetero_static",
+    "job_dir_bytes",
     "prepare",
+    "prepare_original",
     "prepare_noop",
+    "prepare_procs",
+    "prepare_coop",
     "merge",
+    "merge_dir",
     "claims",
     "warm_ops_actor",
     "warm_ops_task",
     "shard_cost",
 )
+IO_NAMES = ("prepare", "prepare_original", "prepare_noop", "prepare_procs", "prepare_coop", "merge", "merge_dir")
 GROUPS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e_ray", "e2e_partitioned"),
     "hetero": ("hetero_dynamic", "hetero_static"),
     "warm_ops": ("warm_ops_actor", "warm_ops_task"),
+    "io": IO_NAMES,
 }
+
+
+# What a failed measurement raises: it is reported as that row's error, and the others still run.
+MEASURE_FAILURES = (BenchError, OSError, RuntimeError, ValueError, KeyError, ZeroDivisionError, subprocess.SubprocessError)
 
 
 def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Bench, Sizes], list[Result]]]]:
@@ -102,10 +119,12 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, measure_overhead))
     if names := want("e2e_ray", "e2e_partitioned"):
         plan.append((names, lambda b, s, n=names: measure_e2e(b, s, n)))
+    if names := want("job_dir_bytes"):  # after e2e: it measures e2e's job when that ran
+        plan.append((names, measure_job_dir))
     if names := want("hetero_dynamic", "hetero_static"):
         plan.append((("hetero_dynamic", "hetero_static"), measure_hetero))
-    if names := want("prepare", "prepare_noop", "merge"):
-        plan.append((names, lambda b, s, n=names: measure_prepare_merge(b, s, n)))
+    if names := want(*IO_NAMES):
+        plan.append((names, lambda b, s, n=names: measure_io(b, s, n)))
     if names := want("claims"):
         plan.append((names, measure_claims))
     if want("warm_ops_actor", "warm_ops_task"):
@@ -119,7 +138,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a CI smoke test (a few minutes)")
     parser.add_argument("--rows", type=int, help=f"end-to-end input rows (default {DEFAULT.rows}, quick {QUICK.rows})")
-    parser.add_argument("--io-rows", type=int, help=f"prepare/merge input rows (default {DEFAULT.io_rows:,}; quick: --rows)")
+    parser.add_argument(
+        "--io-rows",
+        type=int,
+        help=f"prepare/merge input rows of prose, ~1.3 KB each (default {DEFAULT.io_rows:,}; quick: --rows)",
+    )
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "latest.json", help="results file")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join((*NAMES, *GROUPS))}")
     parser.add_argument("--our-runner", default="warm", help="runner of our jobs (default %(default)s)")
@@ -155,7 +178,9 @@ def _fmt_ratio(r: Result) -> str:
         return f"{r.ratio:.2f}x (judged: {r.value:.2f}x)"
     if r.ratio is not None:
         return f"{r.ratio:.2f}x"
-    return f"{r.value:.0f} {r.unit}" if r.value is not None else "-"
+    if r.value is None:
+        return "-"
+    return f"{r.value:.0f} {r.unit}" if r.value >= 100 else f"{r.value:.2f} {r.unit}"
 
 
 def _verdict(r: Result) -> str:
@@ -181,6 +206,8 @@ def table(results: list[Result], machine: dict, runner: str) -> str:
     for r in results:
         if r.error:
             lines.append(f"ERROR in {r.name}: {r.error.splitlines()[0]}")
+        elif r.details.get("skipped"):
+            lines.append(f"not measured: {r.name}: {r.details['skipped']}")
     return "\n".join(lines)
 
 
@@ -199,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             try:
                 got = measure(bench, args.sizes)
-            except (BenchError, OSError, RuntimeError, ValueError, KeyError, ZeroDivisionError) as exc:
+            except MEASURE_FAILURES as exc:
                 bench.stop_all()
                 text = str(exc) if isinstance(exc, BenchError) else traceback.format_exc()
                 progress(f"{'/'.join(names)} failed: {text}")
@@ -221,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         "bench_wall_secs": time.monotonic() - started,
         "results": {r.name: dataclasses.asdict(r) for r in results},
     }
+    rates, sources = scale.rates_from_results(report["results"])
+    report["scale"] = {**scale.projection(rates), "sources": sources}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    sys.stdout.write(table(results, machine, args.our_runner) + "\n")
+    args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.write(table(results, machine, args.our_runner) + "\n\n")
+    sys.stdout.write(scale.render(report["scale"], sources) + "\n")
     progress(f"results in {args.json}; whole bench {report['bench_wall_secs']:.0f}s")
     return 1 if any(r.error for r in results) else 0
 

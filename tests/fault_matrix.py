@@ -26,6 +26,12 @@ processor from `fakes.py`, in real processes, one per simulated node) and inject
               bench's stand-in model): one of its warm instances is killed (kill -9) or frozen
               (SIGSTOP, a hang) mid-shard; only the attempts with rows in it fail, the pool
               replaces it, and every instance loads its model once
+  prepare-kill  a cooperative prepare by two or three participants (`prepare`, or the helper that
+              joins one) on separate nodes: one of them killed at a crash point of a phase (scan,
+              cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
+              random moment while it holds a unit of a chosen phase; sometimes it prepares alone
+              and the same `prepare` is rerun. The survivors (or the rerun) exit 0 with the job a
+              clean single-process prepare writes, byte for byte; `.<job>.preparing` is gone
 
 After the fault the job is driven to its end the way a user would (surviving workers finish it,
 or the same command is rerun) and the merged output is compared with a clean single-worker run:
@@ -49,6 +55,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -68,7 +75,7 @@ from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
 from elastic_sharding.merge import merge  # noqa: E402
-from elastic_sharding.prepare import PrepareRequest, prepare  # noqa: E402
+from elastic_sharding.prepare import UNIT_BYTES_ENV, PrepareRequest, prepare  # noqa: E402
 from elastic_sharding.records import Settings  # noqa: E402
 from elastic_sharding.worker import Worker, WorkerOptions  # noqa: E402
 
@@ -103,6 +110,7 @@ KINDS = {
     "corrupt": 2,
     "enospc": 1,
     "actor": 1,
+    "prepare-kill": 2,
 }
 CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
 COORDINATOR_POINTS = (
@@ -122,6 +130,22 @@ RESUBMIT_POINTS = (
     "phase-locked:finalize",
     "phase-done:finalize",
 )
+# The cooperative prepare: a few hundred KB in scan units of a few KB, so every phase has work to
+# share and a short lease keeps a takeover across nodes quick.
+PREPARE_ROWS, PREPARE_SHARDS, PREPARE_UNIT_BYTES = 2000, (4, 5, 6), (4096, 8192, 16384)
+PREPARE_LEASE, PREPARE_HEARTBEAT = 2.0, 0.2
+PREPARE_POINTS = (
+    "prepare-scan",
+    "prepare-scan-done",
+    "prepare-cut",
+    "prepare-cut-done",
+    "prepare-write",
+    "prepare-write-done",
+    "prepare-final",
+    "prepare-final-done",
+    "prepare-staged",
+)
+PREPARE_PHASES = ("scan", "cut", "write", "final")
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
 import json, os, sys
@@ -152,6 +176,75 @@ for shard in names(f"{job}/attempts"):
             "phase": beat.get("phase"), "started_at": record.get("started_at")}
 print(json.dumps(out))
 """
+
+# Waits on a node until pid argv[3] holds a unit of the prepare of job argv[1] whose name starts
+# with argv[2] and that is not done yet; prints the unit (or "timeout").
+PREPARE_WAIT = r"""
+import json, os, sys, time
+job, prefix, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+root = os.path.join(os.path.dirname(job), "." + os.path.basename(job) + ".preparing")
+units = os.path.join(root, "units")
+deadline = time.monotonic() + float(sys.argv[4])
+while time.monotonic() < deadline:
+    try:
+        names = os.listdir(units)
+    except OSError:
+        names = []
+    for name in sorted(names):
+        if not (name.startswith(prefix) and name.endswith(".lock")):
+            continue
+        unit = name[:-5]
+        if os.path.exists(os.path.join(units, unit + ".json")):
+            continue
+        try:
+            with open(os.path.join(units, name), "rb") as f:
+                claim = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if claim.get("pid") == pid:
+            print(unit)
+            sys.exit(0)
+    time.sleep(0.01)
+print("timeout")
+"""
+# What a prepared job holds, as a node sees it: the `.<job>.preparing*` entries beside it, the
+# manifest, the files in shards/, each shard's sha256 and the ids of its rows in order.
+PREPARE_INSPECT = r"""
+import hashlib, json, os, sys
+job = sys.argv[1]
+parent, name = os.path.dirname(job), os.path.basename(job)
+out = {"leftovers": sorted(n for n in os.listdir(parent) if n.startswith("." + name + ".preparing")), "manifest": None}
+try:
+    with open(os.path.join(job, "manifest.json"), "rb") as f:
+        out["manifest"] = json.loads(f.read())
+except (OSError, ValueError):
+    pass
+try:
+    out["files"] = sorted(os.listdir(os.path.join(job, "shards")))
+except OSError:
+    out["files"] = []
+out["shards"], out["ids"] = {}, []
+for shard in out["files"]:
+    if shard.startswith("part-") and shard.endswith(".jsonl"):
+        with open(os.path.join(job, "shards", shard), "rb") as f:
+            data = f.read()
+        out["shards"][shard] = hashlib.sha256(data).hexdigest()
+        out["ids"] += [json.loads(line)["id"] for line in data.splitlines()]
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class PrepareReference:
+    """The input of the prepare-kill trials, its clean single-process prepares (one per shard
+    count, as PREPARE_INSPECT sees them) and the merge of a clean fake run over one of them."""
+
+    data: Path
+    recipe: Path
+    size: int
+    jobs: dict[int, dict]
+    merged: bytes
+    expected_ids: list[int]
 
 
 @dataclass
@@ -193,6 +286,7 @@ class Harness:
         self.reference = references.pop()
         self.expected_ids = [orjson.loads(line)["id"] for line in self.reference.splitlines()]
         self._actor_template: Template | None = None
+        self._prepare_reference: PrepareReference | None = None
         self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -248,9 +342,9 @@ class Harness:
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def compare(self, outcome: Outcome, merged: bytes) -> None:
+    def compare(self, outcome: Outcome, merged: bytes, expected_ids: list[int] | None = None) -> None:
         got = [orjson.loads(line)["id"] for line in merged.splitlines()]
-        outcome.rows_lost = len(set(self.expected_ids) - set(got))
+        outcome.rows_lost = len(set(expected_ids or self.expected_ids) - set(got))
         outcome.rows_duplicated = len(got) - len(set(got))
         outcome.identical = merged == (self.compare_with or self.reference)
         outcome.check(outcome.identical, "merged output differs from the clean run")
@@ -722,6 +816,217 @@ class Harness:
         finally:
             subprocess.run(["umount", "-l", str(mount)], check=False)
 
+    # -- the cooperative prepare trials --------------------------------------------------------
+
+    def prepare_reference(self) -> PrepareReference:
+        """Built once: the input, a clean single-process prepare per shard count (on local disk,
+        in one scan unit) and the merge of a clean fake run over the first."""
+        if self._prepare_reference is None:
+            data = write_jsonl(self.workdir / "prepare-input.jsonl", prepare_rows(PREPARE_ROWS))
+            recipe = self.workdir / "prepare-recipe.yaml"
+            recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
+            settings = Settings(
+                lock_timeout_secs=PREPARE_LEASE,
+                max_retries=6,
+                poll_interval_secs=POLL,
+                heartbeat_interval_secs=PREPARE_HEARTBEAT,
+                ray_address="local",
+            )
+            saved = os.environ.pop(UNIT_BYTES_ENV, None)
+            jobs = {}
+            try:
+                for shards in PREPARE_SHARDS:
+                    job = self.workdir / f"prepare-reference-{shards}"
+                    prepare(PrepareRequest(recipe, None, job, shards, settings, procs=1), quiet=True)
+                    proc = subprocess.run([PY, "-c", PREPARE_INSPECT, str(job)], capture_output=True, check=True, timeout=60)
+                    jobs[shards] = json.loads(proc.stdout)
+            finally:
+                if saved is not None:
+                    os.environ[UNIT_BYTES_ENV] = saved
+            clean = self.workdir / "prepare-clean"
+            shutil.copytree(self.workdir / f"prepare-reference-{PREPARE_SHARDS[0]}", clean, symlinks=True)
+            if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
+                raise AssertionError("the clean run over the prepare-kill reference failed")
+            out = self.workdir / "prepare-clean.jsonl"
+            merge(clean, out)
+            merged = out.read_bytes()
+            self._prepare_reference = PrepareReference(
+                data, recipe, data.stat().st_size, jobs, merged, [orjson.loads(line)["id"] for line in merged.splitlines()]
+            )
+        return self._prepare_reference
+
+    def _participant(
+        self, node: Node, job: Path, shards: int, log: Path, helper: bool, procs: int, env: dict
+    ) -> subprocess.Popen:
+        """`prepare` of the trial's request, or the helper that joins the prepare under way."""
+        ref = self.prepare_reference()
+        if helper:
+            argv = [PY, "-m", "elastic_sharding.prepare_coop", str(job)]
+        else:
+            argv = [
+                PY, "-m", "elastic_sharding", "prepare", "--config", str(ref.recipe), "--job-dir", str(job),
+                "--num-shards", str(shards), "--prepare-procs", str(procs), "--lock-timeout-secs", str(PREPARE_LEASE),
+                "--heartbeat-interval-secs", str(PREPARE_HEARTBEAT), "--poll-interval-secs", str(POLL),
+                "--max-retries", "6", "--quiet",
+            ]  # fmt: skip
+        with open(log, "ab") as handle:
+            proc = node.popen(argv, env=self.env(**env), stdout=subprocess.DEVNULL, stderr=handle)
+        # Reaped at once: a dead participant left a zombie would look alive to the others on its
+        # node (they take over a dead pid's unit at once, a live one's only after a lease).
+        threading.Thread(target=proc.wait, daemon=True).start()
+        return proc
+
+    def _await_prepare(self, node: Node, job: Path, prefix: str, proc: subprocess.Popen, timeout: float = 90) -> str:
+        """Until `proc` holds a unit of the prepare of `job` starting with `prefix` (returned);
+        "exited" if `proc` ends first, "timeout" after `timeout`."""
+        waiter = node.popen(
+            [PY, "-c", PREPARE_WAIT, str(job), prefix, str(proc.pid), str(timeout)], stdout=subprocess.PIPE, text=True
+        )
+        while waiter.poll() is None:
+            if proc.returncode is not None:
+                waiter.kill()
+                waiter.wait()
+                return "exited"
+            time.sleep(0.005)
+        return waiter.stdout.read().strip() or "timeout"
+
+    def trial_prepare_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A cooperative prepare on separate nodes, one participant killed (or frozen) in a phase."""
+        ref = self.prepare_reference()
+        shards = rng.choice(PREPARE_SHARDS)
+        unit_bytes = rng.choice(PREPARE_UNIT_BYTES)
+        units = -(-ref.size // unit_bytes)
+        fault = rng.choices(("point", "kill", "stop"), weights=(6, 3, 1))[0]
+        alone = fault != "stop" and rng.random() < 0.25  # the victim prepares alone; a rerun finishes
+        count = 1 if alone else rng.choice((2, 3))
+        point = ""
+        if fault == "point":
+            point = rng.choice(PREPARE_POINTS)
+            phase = point.split("-")[1]
+            share = {"scan": units, "write": shards}.get(phase, count) // count
+            point += f"@{rng.randint(1, max(1, min(3, share)))}"
+        else:
+            phase = rng.choice(PREPARE_PHASES)
+        # Everyone starts at once, except where the phase has one unit: then the others start
+        # once the victim holds it (or is dead), so that it is the victim's unit that is taken over.
+        hold = phase in ("cut", "final") and not alone
+        victim = 0 if hold or alone else rng.randrange(count)
+        helpers = [False] + [rng.random() < 0.4 for _ in range(count - 1)]  # participant 0 makes the plan
+        procs = [1] + [rng.choice((1, 1, 2)) for _ in range(count - 1)]
+        procs[victim] = 1  # its own helpers would share its crash point
+        order = list(range(len(self.cluster.nodes)))
+        rng.shuffle(order)
+        placement = [order[i % len(order)] for i in range(count + 1)]  # the last: where a rerun runs
+        same_host = rng.random() < 0.3  # a survivor (or the rerun) on the victim's node: no lease wait
+        if same_host:
+            placement[(victim + 1) % count if count > 1 else count] = placement[victim]
+        what = {"point": f"at {point}", "kill": f"SIGKILL in {phase}", "stop": f"SIGSTOP in {phase}"}[fault]
+        roles = "".join("h" if h else "p" for h in helpers)
+        outcome = Outcome(
+            "prepare-kill", f"{roles}[{victim}] {what}" + (", rerun" if alone else "") + (", same host" if same_host else "")
+        )
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        env = {UNIT_BYTES_ENV: str(unit_bytes)}
+        logs = [log_dir / f"participant-{i}.log" for i in range(count + 1)]
+        started: list[subprocess.Popen] = []
+
+        def start(i: int) -> subprocess.Popen:
+            extra = {**env, "ELASTIC_SHARD_CRASH_AT": point} if fault == "point" and i == victim else env
+            return self._participant(self.node(placement[i]), job, shards, logs[i], helpers[i], procs[i], extra)
+
+        started = [start(i) for i in range(1 if hold else count)]
+        target = started[victim]
+        stopped = False
+        if fault != "point" or hold:
+            seen = self._await_prepare(self.node(placement[victim]), job, phase, target)
+            if fault != "point" and seen not in ("exited", "timeout"):
+                time.sleep(rng.uniform(0, 0.05))
+                with contextlib.suppress(ProcessLookupError):
+                    target.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+                    stopped = fault == "stop"
+        # A helper that comes after the job is published has no prepare to join: it exits 1.
+        finished = target.returncode == 0
+        started += [start(i) for i in range(len(started), count)]
+        if stopped:
+            time.sleep(2 * PREPARE_LEASE + 1)
+            with contextlib.suppress(ProcessLookupError):
+                target.send_signal(signal.SIGCONT)
+            outcome.counts["prepare_stalls"] += 1
+        codes = [wait(proc, 90) for proc in started]
+        killed = codes[victim] == -signal.SIGKILL
+        if killed:
+            outcome.counts["prepare_kills"] += 1
+        elif not stopped:
+            outcome.counts["prepare_misses"] += 1  # it never held a unit of the phase: the others did them all
+        survivors = [
+            0 if finished and helpers[i] and code == 1 else code for i, code in enumerate(codes) if i != victim or not killed
+        ]
+        outcome.check(
+            all(code == 0 for code in survivors),
+            f"participants exited {codes} (None: still running after 90 s): "
+            + " | ".join(f"{i}: {last_line(logs[i].read_text(errors='replace'))}" for i, c in enumerate(codes) if c not in (0, -9)),
+        )  # fmt: skip
+        if alone or not any(code == 0 for code in survivors):
+            outcome.counts["prepare_reruns"] += 1
+            rerun = self._participant(self.node(placement[count]), job, shards, logs[count], False, 1, env)
+            code = wait(rerun, 90)
+            outcome.check(code == 0, f"the rerun prepare exited {code}: {last_line(logs[count].read_text(errors='replace'))}")
+        outcome.counts["prepare_takeovers"] += sum(
+            log.read_text(errors="replace").count("prepare: took over") for log in logs if log.exists()
+        )
+        self._check_prepared(outcome, job, shards, log_dir, rng)
+        return outcome
+
+    def _check_prepared(self, outcome: Outcome, job: Path, shards: int, log_dir: Path, rng: random.Random) -> None:
+        """The job is the clean one byte for byte and nothing of the prepare is left beside it;
+        then a fake run over it merges to the clean merge (and a repeated prepare is a no-op)."""
+        ref = self.prepare_reference()
+        expected = ref.jobs[shards]
+        deadline = time.monotonic() + 5  # another node's removal may show here a moment late
+        while True:
+            got = json.loads(self.node(0).run([PY, "-c", PREPARE_INSPECT, str(job)], check=True, timeout=60).stdout)
+            if (got["manifest"] is not None and not got["leftovers"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        outcome.check(not got["leftovers"], f"left beside the job: {got['leftovers']}")
+        ids = got["ids"]
+        outcome.rows_lost = len(set(range(PREPARE_ROWS)) - set(ids))
+        outcome.rows_duplicated = len(ids) - len(set(ids))
+        manifest = got["manifest"]
+        if manifest is None:
+            outcome.problems.append("no prepared job")
+            return
+        for key in ("shards", "normalized_sha256", "total_rows", "total_bytes"):
+            outcome.check(manifest.get(key) == expected["manifest"][key], f"the manifest's {key} differs from a clean prepare")
+        outcome.check(got["shards"] == expected["shards"], "shard files differ from a clean prepare")
+        extra = sorted(set(got["files"]) - set(expected["files"]))
+        outcome.check(not extra, f"extra files in shards/: {extra}")
+        if rng.random() < 0.3:  # a repeated prepare of the same request finds the job and does nothing
+            outcome.counts["prepare_repeats"] += 1
+            proc = self.cli(
+                self.node(rng.randrange(len(self.cluster.nodes))),
+                "prepare", "--config", str(ref.recipe), "--job-dir", str(job), "--num-shards", str(shards),
+                "--lock-timeout-secs", str(PREPARE_LEASE), "--heartbeat-interval-secs", str(PREPARE_HEARTBEAT),
+                "--poll-interval-secs", str(POLL), "--max-retries", "6", "--json",
+            )  # fmt: skip
+            created = proc.returncode == 0 and orjson.loads(proc.stdout)["created"]
+            outcome.check(proc.returncode == 0 and not created, f"a repeated prepare: rc={proc.returncode} created={created}")
+        lost, duplicated = outcome.rows_lost, outcome.rows_duplicated
+        worker = self.worker(self.node(1), job, log_dir / "worker.log", 0.0)
+        outcome.check(wait(worker, 120) == 0, "the fake run over the prepared job failed")
+        out = job.parent / "merged.jsonl"
+        proc = self.cli(self.node(2), "merge", "--job-dir", str(job), "--output", str(out))
+        outcome.check(proc.returncode == 0, f"merge failed: {last_line(proc.stderr)}")
+        if proc.returncode == 0:
+            self.compare_with = ref.merged
+            try:
+                self.compare(outcome, self.node(2).read_bytes(out), ref.expected_ids)
+            finally:
+                self.compare_with = None
+        outcome.rows_lost = max(lost, outcome.rows_lost)
+        outcome.rows_duplicated = max(duplicated, outcome.rows_duplicated)
+
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -755,6 +1060,21 @@ def _instances_built(node: Node, job: Path) -> int:
         "print(sum(seen.values()))\n"
     )
     return int(node.run([PY, "-c", probe, str(job)], check=True, timeout=60).stdout.strip() or 0)
+
+
+def prepare_rows(n: int) -> list[dict]:
+    """Rows of varied shape (nested, numbers of both kinds, a field only late rows have), so the
+    scan units' schemas must be merged at the cut."""
+    rng = random.Random(7)
+    rows = []
+    for i in range(n):
+        row: dict = {"id": i, "text": f"row {i} " + "word " * rng.randint(1, 40)}
+        if i % 3 == 0:
+            row["meta"] = {"score": rng.random() if i % 2 else rng.randint(0, 9), "tags": ["a"] * rng.randint(0, 3)}
+        if i > n // 2 and i % 11 == 0:
+            row["late"] = {"x": i}
+        rows.append(row)
+    return rows
 
 
 def wait(proc: subprocess.Popen, timeout: float) -> int | None:
@@ -839,6 +1159,7 @@ class Summary:
             f"partitions={c['partitions']} client_kills={c['client_kills']} skewed_workers={c['skewed_workers']} "
             f"drains={c['drains']} coordinator_kills={c['coordinator_kills']} corruptions={c['corruptions']} enospc={c['enospc']} "
             f"actor_kills={c['actor_kills']} actor_freezes={c['actor_freezes']} "
+            f"prepare_kills={c['prepare_kills']} prepare_stalls={c['prepare_stalls']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"

@@ -226,7 +226,14 @@ def _dir(root: Path, files: dict[str, bytes]) -> Path:
 DATASET_CASES = {
     "not a .jsonl file": (lambda t: _dir(t, {"notes.txt": GOOD}) / "notes.txt", r"notes.txt: not a .jsonl file"),
     "a JSON array file": (lambda t: _dir(t, {"d.json": b"[{}]"}) / "d.json", r"d.json: not a .jsonl file"),
-    "compressed": (lambda t: _dir(t, {"d.jsonl.gz": b"\x1f\x8b"}) / "d.jsonl.gz", r"d.jsonl.gz: not a .jsonl file.*decompress"),
+    "truncated gzip": (
+        lambda t: _dir(t, {"d.jsonl.gz": b"\x1f\x8b"}) / "d.jsonl.gz",
+        r"d.jsonl.gz:1: the gzip stream is truncated",
+    ),
+    "other compression": (
+        lambda t: _dir(t, {"d.jsonl.bz2": b"BZh"}) / "d.jsonl.bz2",
+        r"d.jsonl.bz2: not a .jsonl file.*\.jsonl\.zst",
+    ),
     "missing": (lambda t: t / "missing.jsonl", r"missing.jsonl: cannot access dataset: No such file or directory"),
     "empty directory": (lambda t: _dir(t / "empty", {}), r"empty: directory contains no .jsonl files"),
     "directory without .jsonl files": (

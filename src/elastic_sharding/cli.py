@@ -130,6 +130,11 @@ def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, lau
             default=DEFAULT_NUM_SHARDS,
             help="exact number of non-empty shards (default %(default)s)",
         )
+    parser.add_argument(
+        "--prepare-procs",
+        type=_positive_int,
+        help="processes on this node that share the prepare (default: its usable cores; for `local`, --workers)",
+    )
     _add_settings(parser, as_overrides=False, launcher=launcher)
 
 
@@ -151,8 +156,8 @@ def _add_launcher(parser: argparse.ArgumentParser) -> None:
     _add_job_request(parser, config_required=False, launcher=True)
     parser.add_argument(
         "--output",
-        type=Path,
-        help="final merged JSONL (default <job-dir>/merged.jsonl); missing directories are created before anything starts",
+        help="final merged JSONL (default <job-dir>/merged.jsonl), or a directory (ending in /, or existing) to publish one "
+        "JSONL per shard plus an index; missing directories are created before anything starts",
     )
     _add_runner(parser)
     _add_quiet(parser)
@@ -257,16 +262,24 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
 
         p = sub.add_parser("merge", help="validate and merge all shard outputs in manifest order")
         _add_job_dir(p)
-        p.add_argument("--output", required=True, type=Path, help="final JSONL path; missing directories are created")
+        p.add_argument(
+            "--output",
+            required=True,
+            help="final JSONL path, or a directory (ending in /, or existing): one JSONL per shard in manifest order plus "
+            "an index, hard-linked where possible; missing directories are created",
+        )
         p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
-        p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+        p.add_argument(
+            "--overwrite", action="store_true", help="replace an existing output (a directory only if it is an earlier merge's)"
+        )
         p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout (implies --quiet)")
         _add_quiet(p)
 
     p = sub.add_parser("verify", help="check that the job is complete, valid, and ran on enough nodes")
     _add_job_dir(p)
     p.add_argument(
-        "--output", type=Path, help="merged output to check against merge.json (default <job-dir>/merged.jsonl if present)"
+        "--output",
+        help="merged file, or directory output, to check against merge.json (default <job-dir>/merged.jsonl if present)",
     )
     p.add_argument(
         "--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)"
@@ -291,7 +304,19 @@ def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily
 def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
     from .launch.common import JobRequest
 
-    return JobRequest(args.job_dir, args.config, args.dataset_path, args.num_shards, _settings(args), args.output, args.quiet)
+    output = Path(args.output) if args.output is not None else None
+    directory = args.output is not None and args.output.endswith(("/", os.sep))
+    return JobRequest(
+        args.job_dir,
+        args.config,
+        args.dataset_path,
+        args.num_shards,
+        _settings(args),
+        output,
+        args.quiet,
+        output_dir=directory,
+        prepare_procs=args.prepare_procs,
+    )
 
 
 def _cmd_dlc(args: argparse.Namespace) -> int:
@@ -331,7 +356,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from .recipe import recipe_and_base
 
     config, base = recipe_and_base(args.config)
-    request = PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base)
+    request = PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base, args.prepare_procs)
     result = prepare(request, quiet=args.quiet or args.json)
     if args.json:
         manifest = dataclasses.asdict(result.manifest)
@@ -394,7 +419,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     result = verify(args.job_dir, args.expect_nodes, args.output)
     message = f"PASS: {result.shards} shards were completed by {len(result.hosts)} node(s): {', '.join(result.hosts)}"
     if result.output_checked is not None:
-        message += f"; {result.output_checked} matches merge.json"
+        what = " (every file and the index)" if result.form == "directory" else ""
+        message += f"; {result.output_checked}{what} matches merge.json"
     logging.getLogger("elastic_sharding").info("%s", message)
     if args.json:
         _emit_json(
@@ -403,6 +429,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 "shards": result.shards,
                 "hosts": result.hosts,
                 "output": str(result.output_checked) if result.output_checked else None,
+                "form": result.form,
             }
         )
     return EXIT_OK

@@ -1,21 +1,41 @@
-"""Where a command publishes its final file: the `--output` of `merge`, `report` and the launchers.
+"""Where a command publishes its final output: the `--output` of `merge`, `report` and the launchers.
 
 Like the original tool, a missing directory of `--output` is created (`mkdir -p`, with the tool's
 modes). It is created and tried with a temporary file at once, before any shard is merged or any
 job is started, so a place that cannot take the file (permission denied, a file in the way, a
 read-only mount) fails in one line before work is spent, and leaves nothing behind.
+
+`merge` and the launchers also publish a directory (an `--output` ending in `/`, or an existing
+directory): one JSONL per shard plus the index `INDEX_NAME`, built in a hidden staging directory
+beside it and renamed into place whole, so no reader sees a half-made one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import logging
 import os
+import secrets
+import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import fsops
 from .errors import JobStateError, UsageError
 from .layout import JobLayout
-from .records import MergeRecord, load
+from .records import SHARD_ID_RE, PublishRecord, load
+
+log = logging.getLogger(__name__)
+
+# The index of a directory output. Hidden, so that Hugging Face `datasets` (which skips names
+# starting with "."), Ray Data (which skips "." and "_") and Data-Juicer (which picks files by
+# suffix: .json, .jsonl and their .gz/.zst forms) all read the directory as its part files only.
+INDEX_NAME = ".elastic-shard-index"
+INDEX_FORMAT = "elastic-shard-output-index"
+JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".json.zst", ".jsonl.zst")
 
 
 @dataclass
@@ -37,10 +57,34 @@ def _job_part(output: Path, layout: JobLayout) -> str | None:
     return relative.parts[0] if relative.parts else ""
 
 
-def check_target(output: Path, layout: JobLayout) -> Path:
-    """The absolute output path, refused if it is a directory or would replace the job's own files."""
+def part_name(shard_id: str) -> str:
+    """A shard's file in a directory output: names sort in manifest order, as shard ids do."""
+    return f"{shard_id}.jsonl"
+
+
+def output_form(output: Path | str, directory: bool | None = None) -> tuple[Path, bool]:
+    """The absolute `--output` and whether it names a directory output: asked for (`directory`),
+    written with a trailing `/`, or an existing directory."""
+    text = os.fspath(output)
+    path = Path(os.path.abspath(text))
+    if directory is None:
+        directory = text.endswith(("/", os.sep)) or os.path.isdir(path)
+    return path, directory
+
+
+def check_target(output: Path, layout: JobLayout, directory: bool = False) -> Path:
+    """The absolute output path, refused if it would replace the job's own files; a directory
+    output may not be a link, nor the job directory or one that holds it, and a file output may
+    not be an existing directory."""
     output = Path(os.path.abspath(output))
-    if output.is_dir():
+    if directory:
+        if fsops.kind(output) == "link":
+            raise UsageError(f"--output {output} is a symbolic link; name the directory itself")
+        if fsops.kind(output) not in (None, "dir"):
+            raise UsageError(f"--output {output}/ names a directory output, but {output} is a file")
+        if output == layout.root or output in layout.root.parents:
+            raise UsageError(f"--output {output} is or contains the job directory; publish the directory output elsewhere")
+    elif output.is_dir():
         raise UsageError(f"--output {output} is a directory")
     part = _job_part(output, layout)
     if part in layout.own_names:
@@ -48,10 +92,11 @@ def check_target(output: Path, layout: JobLayout) -> Path:
     return output
 
 
-def prepare_destination(output: Path, create_once: bool = False) -> Destination:
+def prepare_destination(output: Path, create_once: bool = False, directory: bool = False) -> Destination:
     """Create the missing directories of `output` (as `check_target` returned it) and prove a
     file can be created there, and with `create_once` published by hard link, as a merge that
-    may not replace an existing file publishes it."""
+    may not replace an existing file publishes it (a directory output is renamed into place:
+    its parent needs to take new entries only)."""
     parent = output.parent
     try:
         created = fsops.make_dirs(parent)
@@ -62,7 +107,7 @@ def prepare_destination(output: Path, create_once: bool = False) -> Destination:
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None
     try:
-        fsops.probe_create(output, create_once)
+        fsops.probe_create(output, create_once and not directory)
     except OSError as exc:
         fsops.remove_dirs(created)
         if exc.filename == str(output):  # the link: a mount without hard links
@@ -79,26 +124,148 @@ def inside_job(output: Path, layout: JobLayout) -> bool:
     return _job_part(output, layout) is not None
 
 
-def refuse_foreign_output(output: Path, layout: JobLayout) -> None:
+def published(output: Path, directory: bool) -> bool:
+    """Whether something is at `output` that a merge would have to replace (an empty directory
+    is not: publishing a directory output renames onto it)."""
+    if directory and fsops.kind(output) == "dir":
+        return bool(os.listdir(output))
+    return fsops.lexists(output)
+
+
+def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = False) -> None:
     """A launcher keeps an existing output only if it is this job's merge: refuse any other file
     now, before the run, not after it. "This job's merge" is judged cheaply here (merge.json
-    names it, with its size); finalize verifies it byte for byte. With the job directory there
-    but no merge.json yet, the decision is left to finalize: another node may be publishing both.
-    `output` is as `check_target` returned it."""
-    if not fsops.lexists(output) or (layout.root.is_dir() and not fsops.lexists(layout.merge_record)):
+    names it, in the same form, with its size or its index); finalize verifies it byte for byte.
+    With the job directory there but no merge.json yet, the decision is left to finalize: another
+    node may be publishing both. `output` is as `check_target` returned it."""
+    if not published(output, directory) or (layout.root.is_dir() and not fsops.lexists(layout.merge_record)):
         return
     why = "the job has not been prepared yet"
     if fsops.lexists(layout.merge_record):
         try:
-            record = load(MergeRecord, layout.merge_record)
+            record = load(PublishRecord, layout.merge_record)
         except JobStateError as exc:
             raise UsageError(f"--output {output} already exists and this job's merge record is unreadable: {exc}") from None
+        form = "directory" if directory else "file"
         if os.path.abspath(record.output) != str(output):
             why = f"this job was merged into {record.output}"
-        elif os.stat(output).st_size != record.bytes:
+        elif record.form != form:
+            why = f"this job's merge there is a {record.form}, not a {form}"
+        elif directory and not fsops.lexists(output / INDEX_NAME):
+            why = f"it has no {INDEX_NAME}"
+        elif not directory and os.stat(output).st_size != record.bytes:
             why = f"its size differs from this job's merge ({record.bytes} bytes)"
         else:
             return
     raise UsageError(
         f"--output {output} already exists and is not this job's merge ({why}); move it away or pass another --output"
     )
+
+
+# -- directory outputs ----------------------------------------------------------------------------
+
+
+def refuse_existing_directory(output: Path, overwrite: bool) -> None:
+    """A directory output goes where nothing is, or onto an empty directory; an existing non-empty
+    one is replaced only with `overwrite`, and only if it holds an earlier directory output and
+    nothing else (its index and part files), so that --overwrite never deletes other files."""
+    if not published(output, True):
+        return
+    if not overwrite:
+        raise UsageError(f"{output} already exists and is not empty; pass --overwrite to replace it")
+    entries = fsops.list_dir(output)
+    foreign = sorted(
+        name
+        for name, found in entries.items()
+        if name != INDEX_NAME and not (found == "file" and name.endswith(".jsonl") and SHARD_ID_RE.match(name[: -len(".jsonl")]))
+    )
+    if INDEX_NAME not in entries or foreign:
+        what = f"holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}" if foreign else f"has no {INDEX_NAME}"
+        raise UsageError(
+            f"--output {output} is not an earlier directory output of merge (it {what}); --overwrite replaces only "
+            "those: move it away or pass another --output"
+        )
+
+
+def _hidden_sibling(output: Path, kind: str) -> Path:
+    return output.with_name(f".{output.name}.{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def make_staging_dir(output: Path) -> Path:
+    """The hidden directory beside `output` in which its directory output is built."""
+    stage = _hidden_sibling(output, "staging")
+    try:
+        os.mkdir(stage, fsops.DIR_MODE)
+    except OSError as exc:
+        raise UsageError(f"--output {output}: cannot write in {output.parent}: {exc.strerror or exc}") from None
+    return stage
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a staging or replaced directory (never following links inside it); errors are logged."""
+    if fsops.kind(path) != "dir":
+        return
+
+    def failed(function, name, exc_info) -> None:
+        log.warning("could not remove %s: %s", name, exc_info[1])
+
+    shutil.rmtree(path, onerror=failed)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two names atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(code, f"rename() of its staging directory failed: {os.strerror(code)}", str(b))
+
+
+def publish_directory(stage: Path, output: Path, replace: bool) -> bool:
+    """Move the complete directory `stage` to `output`; False if `output` is a non-empty directory
+    that may not be replaced (one that appeared meanwhile). An empty directory, or nothing, at
+    `output` is replaced in one rename; with `replace`, a non-empty one is swapped with `stage` in
+    one step where the kernel can (renameat2 RENAME_EXCHANGE), else moved aside and `stage`
+    renamed in its place (for a moment there is no `output`), and then removed."""
+    fsops.fsync_dir(stage)
+    try:
+        os.rename(stage, output)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            with fsops.reported_as(output, "rename() of its staging directory", stage):
+                raise
+        if not replace:
+            return False
+    else:
+        fsops.fsync_dir(output.parent)
+        return True
+    if _exchange(stage, output):
+        fsops.fsync_dir(output.parent)
+        remove_tree(stage)  # the replaced directory, now under the staging name
+        return True
+    aside = _hidden_sibling(output, "replaced")
+    os.rename(output, aside)
+    try:
+        os.rename(stage, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.rename(aside, output)
+        raise
+    fsops.fsync_dir(output.parent)
+    remove_tree(aside)
+    return True
+
+
+def load_publish_record(layout: JobLayout) -> PublishRecord:
+    return load(PublishRecord, layout.merge_record)

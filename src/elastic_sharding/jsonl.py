@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import stat
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 import orjson
 
 from .errors import InputError
+from .sources import Source, open_source
 
 BOM = b"\xef\xbb\xbf"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -69,40 +68,6 @@ class Offload:
         self.close()
 
 
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words, for error messages."""
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return f"file mode {mode:o}"
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """Open `path` for reading only if it is a regular file. O_NONBLOCK makes opening a FIFO that
-    replaced the file return at once instead of waiting for a writer (it changes nothing for a
-    regular file), so a swapped-in pipe is refused rather than hanging prepare."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise InputError(f"not a regular file ({file_kind(mode)}); inputs must be regular .jsonl files", path)
-        os.set_blocking(fd, True)
-        return open(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def line_too_long(size: int, limit: int, path: Path | str, lineno: int, *, exact: bool = True, what: str = "line") -> InputError:
     return InputError(
         f"{what} is {'' if exact else 'more than '}{size} bytes, over the limit of {limit}: the engine's JSON reader "
@@ -130,6 +95,11 @@ class HashingLineReader:
         block_size: int = BLOCK_SIZE,
         max_line: int | None = None,
         count_colons: bool = False,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        first_line: int = 1,
+        hashing: bool = True,
     ):
         self.path = path
         self.sha256 = hashlib.sha256()
@@ -137,11 +107,16 @@ class HashingLineReader:
         self.lines = 0
         # The bytes of the lines last given out ("\n"-separated), for `check_keys`.
         self.block: memoryview = memoryview(b"")
+        self.source: Source | None = None
         self._offload = offload
         self._block_size = block_size
         self._max_line = max_line
         self._count_colons = count_colons
         self._colons: Future[int] | int | None = None
+        self._start = start
+        self._end = end
+        self._first_line = first_line
+        self._hashing = hashing
 
     def colons(self) -> int:
         """The number of colons in `block`, counted on the offload thread where there is one
@@ -160,24 +135,20 @@ class HashingLineReader:
     def blocks(self) -> Iterator[tuple[int, list[bytes]]]:
         """Yield (number of the first line, lines) per block read; `lines` counts the lines the
         consumer has been given once it asks for the next block."""
-        handle = open_regular(self.path)
-        update = self.sha256.update
+        update: Callable[[bytes], Any] | None = None
+        if self._hashing:
+            digest = self.sha256.update
+            update = digest if self._offload is None else lambda data: self._offload.submit(digest, data)
         limit = self._max_line
-        lineno = 1
+        lineno = self._first_line
         pieces: list[bytes] = []
         pending = 0
-        with handle:
+        with open_source(self.path, self._start, self._end, update, limit) as handle:
+            self.source = handle
             while True:
-                try:
-                    block = handle.read(self._block_size)
-                except OSError as exc:
-                    raise InputError(f"read failed: {exc.strerror or exc}", self.path, lineno) from None
+                block = handle.read_lines(self._block_size, lineno)
                 if not block:
                     break
-                if self._offload is not None:
-                    self._offload.submit(update, block)
-                else:
-                    update(block)
                 self.size += len(block)
                 if b"\n" not in block:
                     pieces.append(block)
@@ -220,23 +191,23 @@ class HashingLineReader:
             self.lines = lineno
 
     def _check_bom(self, lineno: int, first: bytes) -> None:
-        if lineno == 1 and first.startswith(BOM):
+        if self._start == 0 and lineno == self._first_line and first.startswith(BOM):
             raise InputError("starts with a UTF-8 byte-order mark; save the file without a BOM", self.path, 1)
 
-    def _measure(self, handle: BinaryIO, seen: int, lineno: int, limit: int) -> InputError:
+    def _measure(self, handle: Source, seen: int, lineno: int, limit: int) -> InputError:
         """The error for a line found longer than `limit` after `seen` bytes: reads on to its end
         (up to a bound) to say its size, keeping nothing."""
         size = seen
         try:
             while size < _MEASURE_LIMIT:
-                block = handle.read(self._block_size)
+                block = handle.read_lines(self._block_size, lineno)
                 if not block:
                     return line_too_long(size, limit, self.path, lineno)
                 end = block.find(b"\n")
                 if end >= 0:
                     return line_too_long(size + end, limit, self.path, lineno)
                 size += len(block)
-        except OSError:
+        except (OSError, InputError):
             pass
         return line_too_long(size, limit, self.path, lineno, exact=False)
 

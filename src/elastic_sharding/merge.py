@@ -1,7 +1,17 @@
-"""merge: revalidate every published shard output and concatenate them in manifest order.
+"""merge: revalidate every published shard output and publish them in manifest order, as one
+merged JSONL file or as a directory of one JSONL per shard.
 
-The merged file is written under a temporary name, fsynced, and then renamed (or, without
-`--overwrite`, linked create-once) onto the output path: no reader ever sees a partial merge.
+A file is built under a temporary name with `copy_file_range` at offsets known from the completion
+records (one thread per shard, bounded by the CPUs; each range's writeback started as soon as it
+is copied), fsynced, and then renamed (or, without
+`--overwrite`, linked create-once) onto the output path. A directory is built in a hidden staging
+directory beside the output (each shard output hard-linked, or copied where it cannot be), its
+index written last, and renamed into place. Either way no reader ever sees a partial merge.
+
+Every shard output is read once, on several threads, and its sha256 checked against its completion
+record. The sha256 of a merged file (for `merge.json`) covers every byte in order and so runs on
+one core; it is computed from the same read as the shards' own (see `merge_copy.OrderedHasher`),
+overlapping the copies and the fsync.
 """
 
 from __future__ import annotations
@@ -10,22 +20,58 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import crashpoints, fsops
-from .destination import check_target, prepare_destination
+from .destination import (
+    INDEX_FORMAT,
+    INDEX_NAME,
+    check_target,
+    make_staging_dir,
+    output_form,
+    part_name,
+    prepare_destination,
+    publish_directory,
+    refuse_existing_directory,
+    remove_tree,
+)
 from .errors import IntegrityError, JobStateError, UsageError
-from .jsonl import BLOCK_SIZE, Offload
+from .jsonl import BLOCK_SIZE
 from .layout import JobLayout, attempt_files
+from .merge_copy import (
+    COPY_CHUNK,
+    DestinationError,
+    Identity,
+    OrderedHasher,
+    SourceError,
+    Stopped,
+    check_same,
+    copy_range,
+    hash_file,
+    identify,
+    link_or_copy,
+    open_source,
+    run_all,
+    start_writeback,
+    thread_count,
+)
 from .output import file_stats
 from .progress import Progress
-from .records import CompletionRecord, MergeRecord, MergeShard, encode, load
+from .records import CompletionRecord, IndexEntry, MergeShard, OutputIndex, PublishRecord, encode, load
 from .state import DONE, counts, job_views
 
 log = logging.getLogger(__name__)
+
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+# Shard outputs whose bytes were hashed and found to match their completion record, by
+# (device, inode): (size, mtime_ns, sha256). A file linked to one of them need not be hashed again.
+Trusted = dict[tuple[int, int], tuple[int, int, str]]
 
 
 def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> list[tuple[CompletionRecord, Path]]:
@@ -64,48 +110,28 @@ def _completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
     return load(CompletionRecord, path)
 
 
-def _write_and_hash(out: fsops.AtomicOutput, block: bytes, merged: Any) -> None:
-    out.write(block)
-    merged.update(block)
+# -- shard outputs ---------------------------------------------------------------------------------
 
 
-def _read_blocks(record: CompletionRecord, source: Path) -> Iterator[bytes]:
-    """The blocks of a shard output; a file that cannot be read is that shard's IntegrityError
-    (errors writing the merged file are not: they name the merged file)."""
-    try:
-        with fsops.open_read(source, buffering=0) as handle:
-            while block := handle.read(BLOCK_SIZE):
-                yield block
-    except FileNotFoundError:
-        raise IntegrityError(f"{record.shard_id}: output {source} is missing") from None
-    except OSError as exc:
-        raise IntegrityError(f"{record.shard_id}: {exc}") from None
+@dataclass(frozen=True)
+class Source:
+    """A shard output about to be merged: what it was when first looked at, and where it goes."""
+
+    record: CompletionRecord
+    path: Path
+    identity: Identity
+    offset: int  # in a merged file
 
 
-def _copy_validated(
-    record: CompletionRecord, source: Path, out: fsops.AtomicOutput, merged: Any, offload: Offload, progress: Progress
-) -> int:
-    """Copy one shard output into the merged file in large blocks, checking rows, bytes and
-    sha256 against its completion record on the way; returns the bytes copied.
-
-    The record's sha256 was taken over a fully validated file when the shard was published, so a
-    match proves every line is still that validated JSON object: one read, no per-line parsing.
-    Only a mismatch re-reads the file, to say which line is wrong."""
-    digest = hashlib.sha256()
-    rows = size = 0
-    for block in _read_blocks(record, source):
-        offload.submit(_write_and_hash, out, block, merged)
-        digest.update(block)
-        count = block.count(b"\n")
-        rows += count
-        size += len(block)
-        progress.update(len(block), count)
-    if (rows, size, digest.hexdigest()) != (record.output_rows, record.output_bytes, record.output_sha256):
-        _explain_mismatch(record, source)
-    return size
+def _source_error(record: CompletionRecord, path: Path, exc: SourceError) -> IntegrityError:
+    cause = exc.cause
+    if isinstance(cause, FileNotFoundError):
+        return IntegrityError(f"{record.shard_id}: output {path} is missing")
+    return IntegrityError(f"{record.shard_id}: {cause}")
 
 
-def _explain_mismatch(record: CompletionRecord, source: Path) -> None:
+def _explain_mismatch(record: CompletionRecord, source: Path) -> NoReturn:
+    """Re-read (and parse) an output whose size or sha256 differs from its record, to say how."""
     try:
         stats = file_stats(source)
     except FileNotFoundError:
@@ -119,60 +145,334 @@ def _explain_mismatch(record: CompletionRecord, source: Path) -> None:
     )
 
 
+def _identify(record: CompletionRecord, path: Path) -> Identity:
+    """The output's identity, refused at once (and explained) if its size is not the record's."""
+    try:
+        identity = identify(path)
+    except FileNotFoundError:
+        raise IntegrityError(f"{record.shard_id}: output {path} is missing") from None
+    except SourceError as exc:
+        raise _source_error(record, path, exc) from None
+    except OSError as exc:
+        raise IntegrityError(f"{record.shard_id}: {exc}") from None
+    if identity.size != record.output_bytes:
+        _explain_mismatch(record, path)
+    return identity
+
+
+def _sources(shards: list[tuple[CompletionRecord, Path]], pool: ThreadPoolExecutor) -> list[Source]:
+    identities = run_all(pool, lambda shard: _identify(*shard), shards, threading.Event())
+    sources, offset = [], 0
+    for (record, path), identity in zip(shards, identities):
+        sources.append(Source(record, path, identity, offset))
+        offset += identity.size
+    return sources
+
+
+def _guarded(source: Source, work: Callable[[], Any]) -> Any:
+    try:
+        return work()
+    except SourceError as exc:
+        raise _source_error(source.record, source.path, exc) from None
+
+
+def _check_digest(source: Source, digest: str) -> None:
+    if digest != source.record.output_sha256:
+        _explain_mismatch(source.record, source.path)
+
+
+def validate_outputs(shards: list[tuple[CompletionRecord, Path]], quiet: bool = True) -> Trusted:
+    """Hash every shard output (in parallel) and check it against its completion record.
+
+    The record's sha256 was taken over a fully validated file when the shard was published, so a
+    match proves every line is still that validated JSON object: one read, no per-line parsing.
+    Only a mismatch re-reads the file, to say which line is wrong."""
+    block = BLOCK_SIZE
+    with ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-verify") as pool:
+        sources = _sources(shards, pool)
+        stop = threading.Event()
+        with _LockedProgress("verify", sum(s.identity.size for s in sources), quiet) as progress:
+
+            def check(source: Source) -> None:
+                digest = _guarded(source, lambda: hash_file(source.path, source.identity, block, stop))
+                _check_digest(source, digest)
+                progress.update(source.identity.size, source.record.output_rows)
+
+            run_all(pool, check, sources, stop)
+    return {(s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.output_sha256) for s in sources}
+
+
+class _LockedProgress(Progress):
+    """A progress bar that several threads update."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+
+    def update(self, done: int, rows: int = 0) -> None:
+        with self._lock:
+            super().update(done, rows)
+
+
+# -- merge -----------------------------------------------------------------------------------------
+
+
 def merge(
-    job_dir: Path, output: Path, overwrite: bool = False, lock_timeout: float | None = None, *, quiet: bool = False
-) -> MergeRecord:
+    job_dir: Path,
+    output: Path | str,
+    overwrite: bool = False,
+    lock_timeout: float | None = None,
+    *,
+    quiet: bool = False,
+    directory: bool | None = None,
+) -> PublishRecord:
     """Merge every shard output in manifest order into `output`, atomically; missing directories
     of `output` are created (and removed again if the merge fails).
 
-    `quiet` turns off the progress bar on stderr (drawn only on a terminal)."""
+    `output` is a directory output if `directory` says so or, with `directory` None, if it ends
+    in `/` or is an existing directory. `quiet` turns off the progress bar on stderr (drawn only
+    on a terminal)."""
+    return publish(job_dir, output, overwrite, lock_timeout, quiet=quiet, directory=directory)[0]
+
+
+def publish(
+    job_dir: Path,
+    output: Path | str,
+    overwrite: bool = False,
+    lock_timeout: float | None = None,
+    *,
+    quiet: bool = False,
+    directory: bool | None = None,
+) -> tuple[PublishRecord, Trusted]:
+    """`merge`, also returning the published files that are shard outputs themselves (linked),
+    whose bytes it has just checked: a verify right after it need not hash them again."""
     layout = JobLayout(Path(os.path.abspath(job_dir)))
-    output = check_target(output, layout)
-    if fsops.lexists(output) and not overwrite:
+    output, directory = output_form(output, directory)
+    output = check_target(output, layout, directory)
+    if directory:
+        refuse_existing_directory(output, overwrite)
+    elif fsops.lexists(output) and not overwrite:
         raise UsageError(f"{output} already exists; pass --overwrite to replace it")
     shards = completed_outputs(layout, lock_timeout)
-    destination = prepare_destination(output, create_once=not overwrite)
+    destination = prepare_destination(output, create_once=not overwrite, directory=directory)
+    trusted: Trusted = {}
     try:
-        rows, size, merged_sha, merged = _write_merged(shards, output, overwrite, quiet)
+        with ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-merge") as pool:
+            sources = _sources(shards, pool)
+            log.info("merging %d shard(s) into %s%s", len(sources), output, "/ (one file per shard)" if directory else "")
+            if directory:
+                job_id = layout.load_manifest().job_id
+                sha256, index, trusted = _publish_directory(sources, output, overwrite, quiet, job_id, pool)
+            else:
+                sha256, index = _write_merged(sources, output, overwrite, quiet), None
     except BaseException:
         destination.discard()
         raise
-    result = MergeRecord(
+    rows = sum(s.record.output_rows for s in sources)
+    size = sum(s.identity.size for s in sources)
+    result = PublishRecord(
         output=str(output),
         rows=rows,
         bytes=size,
-        sha256=merged_sha.hexdigest(),
+        sha256=sha256,
         merged_at=time.time(),
         host=socket.gethostname(),
-        shards=merged,
+        shards=[MergeShard(r.shard_id, r.attempt_id, r.output_rows, r.output_bytes, r.output_sha256) for r, _ in shards],
+        form="directory" if directory else "file",
+        index=str(index) if index is not None else None,
     )
     fsops.replace_atomic(layout.merge_record, encode(result))
-    log.info("merged %d rows (%d bytes) into %s", rows, size, output)
-    return result
+    log.info("merged %d rows (%d bytes) into %s", rows, size, f"{output}/" if directory else output)
+    return result, trusted
 
 
-def _write_merged(
-    shards: list[tuple[CompletionRecord, Path]], output: Path, overwrite: bool, quiet: bool
-) -> tuple[int, int, Any, list[MergeShard]]:
-    """Copy every validated shard output into `output` under a temporary name, then publish it."""
-    merged: list[MergeShard] = []
-    log.info("merging %d shard(s) into %s", len(shards), output)
-    rows = size = 0
-    merged_sha = hashlib.sha256()
-    total = sum(record.output_bytes for record, _ in shards)
+_crash_lock = threading.Lock()
+
+
+def _reached_merging() -> None:
+    with _crash_lock:
+        crashpoints.reached("merging")
+
+
+def _write_merged(sources: list[Source], output: Path, overwrite: bool, quiet: bool) -> str:
+    """Copy every shard output into `output` under a temporary name (in parallel, at its offset),
+    check each against its record and hash the whole (from one read), fsync, publish; returns
+    the merged file's sha256."""
+    block = BLOCK_SIZE
+    stop = threading.Event()
+    total = sum(s.identity.size for s in sources)
     with (
         fsops.atomic_output(output, replace=overwrite) as out,
-        Offload() as offload,
         Progress("merge", total, quiet) as progress,
+        ThreadPoolExecutor(thread_count(len(sources)), thread_name_prefix="elastic-copy") as pool,  # shut down first
     ):
-        for record, source in shards:
-            size += _copy_validated(record, source, out, merged_sha, offload, progress)
-            rows += record.output_rows
-            crashpoints.reached("merging")
-            merged.append(
-                MergeShard(record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256)
-            )
-        offload.drain()
+        fd = out.file.fileno()
+        copies = _start_copies(sources, fd, block, stop, pool)
+        digests: list[Future[str] | None] = [None] * len(sources)
+        hash_failure: tuple[int, BaseException] | None = None
+
+        def on_file(index: int, digest: Future[str]) -> None:
+            digests[index] = digest
+            expected = sources[index].record.output_sha256
+            digest.add_done_callback(lambda done: stop.set() if done.exception() or done.result() != expected else None)
+            progress.update(0, sources[index].record.output_rows)
+
+        hasher = OrderedHasher(block, stop, progress.update)
+        merged = None
+        try:
+            merged = hasher.run([(s.path, s.identity) for s in sources], on_file)
+        except Stopped:
+            pass
+        except SourceError as exc:
+            hash_failure = (hasher.failed_at, exc)
+        except BaseException:
+            stop.set()
+            wait(copies)
+            raise
+        if hash_failure is not None:
+            stop.set()
+        wait(copies)
+        _raise_first_failure(sources, digests, hash_failure, copies, output)
+        assert merged is not None
         if not out.commit():
             raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
-    return rows, size, merged_sha, merged
+    return merged
+
+
+def _start_copies(
+    sources: list[Source], fd: int, block: int, stop: threading.Event, pool: ThreadPoolExecutor
+) -> list[Future[None]]:
+    """One copy per shard range, its writeback started as it goes; the last one to finish fsyncs
+    the file, while hashing goes on."""
+    remaining = [len(sources)]
+    lock = threading.Lock()
+
+    def copy(source: Source) -> None:
+        if stop.is_set():
+            raise Stopped
+        if source.identity.size:
+            handle = open_source(source.path, source.identity)
+            try:
+                done = 0
+                while done < source.identity.size:  # in chunks, each sent on to the disk at once
+                    count = min(COPY_CHUNK, source.identity.size - done)
+                    copy_range(handle, fd, count, done, source.offset + done, block, stop)
+                    start_writeback(fd, source.offset + done, count)
+                    done += count
+                check_same(handle, source.path, source.identity)
+            finally:
+                os.close(handle)
+        _reached_merging()
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise DestinationError(exc) from None
+
+    return [pool.submit(copy, source) for source in sources]
+
+
+def _raise_first_failure(
+    sources: list[Source],
+    digests: list[Future[str] | None],
+    hash_failure: tuple[int, BaseException] | None,
+    copies: list[Future[None]],
+    output: Path,
+) -> None:
+    """The failure to report: the first shard (in manifest order) that could not be read or does
+    not match its record, else the first copy that failed (a write names the merged file)."""
+    problems: dict[int, BaseException | str] = {}
+    if hash_failure is not None:
+        problems[hash_failure[0]] = hash_failure[1]
+    for index, digest in enumerate(digests):
+        if digest is not None and digest.done() and not digest.cancelled():
+            error = digest.exception()
+            if error is not None:
+                problems.setdefault(index, error)
+            elif digest.result() != sources[index].record.output_sha256:
+                problems.setdefault(index, "mismatch")
+    if problems:
+        index = min(problems)
+        source, problem = sources[index], problems[index]
+        if isinstance(problem, SourceError):
+            raise _source_error(source.record, source.path, problem)
+        if isinstance(problem, BaseException):
+            raise problem
+        _explain_mismatch(source.record, source.path)
+    for source, copy in zip(sources, copies):
+        error = None if copy.cancelled() else copy.exception()
+        if error is None or isinstance(error, Stopped):
+            continue
+        if isinstance(error, SourceError):
+            raise _source_error(source.record, source.path, error)
+        if isinstance(error, DestinationError):
+            with fsops.reported_as(output, "writing its temporary file"):
+                raise error.cause
+        raise error
+    if any(digest is None for digest in digests):
+        raise IntegrityError("merge stopped before every shard was read")  # a bug: nothing failed
+
+
+def _publish_directory(
+    sources: list[Source], output: Path, overwrite: bool, quiet: bool, job_id: str, pool: ThreadPoolExecutor
+) -> tuple[str, Path, Trusted]:
+    """Link (or copy) every validated shard output into a staging directory beside `output`, write
+    the index last, and rename the directory into place; returns the index's sha256 and path,
+    and the linked files."""
+    block = BLOCK_SIZE
+    stop = threading.Event()
+    stage = make_staging_dir(output)
+    try:
+        with _LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
+
+            def place(source: Source) -> tuple[IndexEntry, bool]:
+                record = source.record
+                name = part_name(record.shard_id) if source.identity.size else None
+                linked = False
+                if name is None:
+                    _check_digest(source, EMPTY_SHA256)  # no rows: no file (an empty one trips up some readers)
+                else:
+                    _check_digest(source, _guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
+                    try:
+                        linked = _guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
+                    except DestinationError as exc:
+                        with fsops.reported_as(output / name, "copying the shard output into it"):
+                            raise exc.cause from None
+                    _reached_merging()
+                progress.update(source.identity.size, record.output_rows)
+                entry = IndexEntry(
+                    name, record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256
+                )
+                return entry, linked
+
+            placed = run_all(pool, place, sources, stop)
+        entries = [entry for entry, _ in placed]
+        index = OutputIndex(
+            format=INDEX_FORMAT,
+            format_version=1,
+            job_id=job_id,
+            rows=sum(e.rows for e in entries),
+            bytes=sum(e.bytes for e in entries),
+            files=sum(1 for e in entries if e.name is not None),
+            entries=entries,
+            published_at=time.time(),
+            host=socket.gethostname(),
+        )
+        data = encode(index)
+        fsops.replace_atomic(stage / INDEX_NAME, data)
+        links = sum(1 for _, was_linked in placed if was_linked)
+        if not publish_directory(stage, output, overwrite):
+            raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
+    except BaseException:
+        remove_tree(stage)
+        raise
+    log.info("%d of %d file(s) hard-linked to their shard output, %d copied", links, index.files, index.files - links)
+    trusted = {
+        (s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.output_sha256)
+        for s, (_, was_linked) in zip(sources, placed)
+        if was_linked
+    }
+    return hashlib.sha256(data).hexdigest(), output / INDEX_NAME, trusted

@@ -207,6 +207,68 @@ class SchemaNode:
             return float(value)
         return value
 
+    def flatten(self) -> list[list[Any]]:
+        """The tree as a flat list (records cannot nest as deep as JSON rows may): per node in
+        preorder [parent, key (None for a list's item), kind, origin, count, nulls]."""
+        out: list[list[Any]] = []
+        stack: list[tuple[SchemaNode, int, str | None]] = [(self, -1, None)]
+        while stack:
+            node, parent, key = stack.pop()
+            here = len(out)
+            out.append([parent, key, node.kind, node.origin, node.count, node.nulls])
+            children = [(sub, here, k) for k, sub in node.fields.items()]
+            if node.item is not None:
+                children.append((node.item, here, None))
+            stack.extend(reversed(children))
+        return out
+
+    @staticmethod
+    def unflatten(rows: list[list[Any]], origin: Callable[[str], str] = lambda o: o) -> SchemaNode:
+        """Inverse of `flatten`; `origin` rewrites each recorded origin."""
+        nodes: list[SchemaNode] = []
+        for parent, key, kind, where, count, nulls in rows:
+            node = SchemaNode(kind, origin(where) if where else where, count=count, nulls=nulls)
+            if parent >= 0:
+                if key is None:
+                    nodes[parent].item = node
+                else:
+                    nodes[parent].fields[key] = node
+            nodes.append(node)
+        return nodes[0]
+
+    def conflicts_with(self, later: SchemaNode) -> bool:
+        """Whether `later` (the schema of the rows after this one's) gives some field a kind
+        this one's rows contradict: then reading them in one pass would have failed."""
+        if "null" not in (self.kind, later.kind) and self.kind != later.kind and {self.kind, later.kind} != {"int", "float"}:
+            return True
+        for key, sub in later.fields.items():
+            mine = self.fields.get(key)
+            if mine is not None and mine.conflicts_with(sub):
+                return True
+        return self.item is not None and later.item is not None and self.item.conflicts_with(later.item)
+
+    def absorb(self, later: SchemaNode) -> None:
+        """Become the schema of this one's rows followed by `later`'s (no conflict between them):
+        the same tree, field order, kinds and origins as one pass over all of them."""
+        if later.kind != "null":
+            if self.kind == "null":
+                self.kind, self.origin = later.kind, later.origin
+            elif self.kind != later.kind:
+                self.kind = "float"
+        self.count += later.count
+        self.nulls += later.nulls
+        for key, sub in later.fields.items():
+            mine = self.fields.get(key)
+            if mine is None:
+                self.fields[key] = sub
+            else:
+                mine.absorb(sub)
+        if later.item is not None:
+            if self.item is None:
+                self.item = later.item
+            else:
+                self.item.absorb(later.item)
+
     def int_null_fields(self, path: str = "") -> list[str]:
         """Integer fields that are null or missing somewhere: Ray's JSON writer prints them as
         floats in any block that holds such a null, so their number format depends on blocks."""

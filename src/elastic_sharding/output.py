@@ -4,12 +4,19 @@ Ray writes a directory of part files (one per block) whose order is not the inpu
 0-byte file when every row was filtered out. Every shard row carries its global input index in
 `ROW_KEY`; collecting sorts on it (stably, so a Mapper that emits several rows per input keeps
 their order) and removes it, keeping the rest of each exported line byte for byte.
+
+Once collected, the raw export is a second copy of the shard's output that nothing reads (merge,
+status and verify read `processed.jsonl` only): the worker removes it (`remove_raw_output`)
+before it publishes the completion, so a job directory holds each output once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+import logging
+import os
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +28,8 @@ from . import crashpoints, fsops
 from .errors import AttemptFailed, InputError
 from .jsonl import parse_object
 from .records import ROW_KEY
+
+log = logging.getLogger(__name__)
 
 _PREFIX = b'{"' + ROW_KEY.encode() + b'":'
 
@@ -46,6 +55,45 @@ def part_files(ray_output: Path) -> list[Path]:
     if links:
         raise AttemptFailed(f"output {fsops.LinkRefused(ray_output / links[0])}")
     return sorted(ray_output / name for name, kind in entries.items() if kind == "file")
+
+
+def remove_raw_output(ray_output: Path) -> bool:
+    """Delete a runner's raw export (Ray's part-file directory, or the file in its place); True
+    if nothing is left. A symbolic link is removed itself, never followed (rmtree never follows
+    one inside the directory either). An error, e.g. a runner of a superseded attempt still
+    writing into it, is logged and leaves the rest for a later sweep."""
+    try:
+        found = fsops.kind(ray_output)
+        if found is None:
+            return True
+        if found == "dir":
+            shutil.rmtree(ray_output)
+        else:
+            os.unlink(ray_output)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove the raw output %s (%s); a later attempt or the worker's exit retries", ray_output, exc)
+    return not fsops.lexists(ray_output)
+
+
+def remove_unused_output(processed: Path) -> None:
+    """Delete an attempt's collected output that the shard's completion does not name, with the
+    temporary files a collect killed midway left beside it (links removed, never followed)."""
+    try:
+        entries = fsops.list_dir(processed.parent)
+    except OSError as exc:
+        log.warning("cannot look for unused output in %s: %s", processed.parent, exc)
+        return
+    temp_prefix = f".{processed.name}.tmp-"
+    for name, found in sorted(entries.items()):
+        if found != "dir" and (name == processed.name or name.startswith(temp_prefix)):
+            try:
+                os.unlink(processed.parent / name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not remove the unused output %s: %s", processed.parent / name, exc)
 
 
 def _output_object(line: bytes, where: str) -> dict:

@@ -10,45 +10,55 @@ no job directory behind.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import hashlib
 import logging
+import math
 import os
 import platform
 import secrets
 import shlex
-import shutil
 import socket
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import InputError, JobStateError, UsageError
-from .fingerprints import sha256_files
+from .fingerprints import fingerprint_files, sha256_concatenated
 from .fsprobe import check_job_filesystem
-from .jsonl import HashingLineReader, Offload, check_keys, file_kind, first_duplicate_key, line_too_long, parse_object
+from .jsonl import HashingLineReader, Offload, check_keys, first_duplicate_key, line_too_long, parse_object
 from .layout import JobLayout
 from .normalize import RowNormalizer, SchemaNode
-from .progress import Progress
+from .prepare_coop import Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
 from .recipe import Recipe, dump_config, load_recipe, read_recipe
 from .records import (
     FORMAT_VERSION,
     ROW_KEY,
     InputFile,
     Manifest,
+    PrepareCuts,
+    PreparePlan,
     Request,
+    ScanResult,
     Settings,
+    ShardCut,
     ShardSpec,
+    ShardWritten,
     encode,
+    from_dict,
+    load,
     shard_id_for,
 )
+from .sources import compression_of, file_kind, is_input_name
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,7 @@ class PrepareRequest:
     num_shards: int
     settings: Settings
     base_dir: Path | None = None  # relative paths in the recipe resolve from here (default: cwd)
+    procs: int | None = None  # processes on this node that share the work (default: its usable cores)
 
 
 @dataclass
@@ -114,9 +125,11 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
     except OSError as exc:
         raise InputError(f"cannot access dataset: {exc.strerror or exc}", dataset) from None
     if stat.S_ISREG(st.st_mode):
-        if dataset.suffix != ".jsonl":
-            hint = "; compressed inputs are not read, decompress it first" if ".jsonl." in dataset.name else ""
-            raise InputError(f"not a .jsonl file (inputs are .jsonl files or directories of them){hint}", dataset)
+        if not is_input_name(dataset.name):
+            hint = "; compressed inputs must end in .jsonl.gz or .jsonl.zst" if ".jsonl." in dataset.name else ""
+            raise InputError(
+                f"not a .jsonl file (inputs are .jsonl, .jsonl.gz or .jsonl.zst files or directories of them){hint}", dataset
+            )
         return "file", dataset.parent, [dataset]
     if not stat.S_ISDIR(st.st_mode):
         raise InputError(f"not a regular file or directory but {file_kind(st.st_mode)}", dataset)
@@ -133,7 +146,7 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
                 log.warning("not reading %s: a link to a directory (links to files are read)", Path(dirpath) / name)
         for name in filenames:
             path = Path(dirpath) / name
-            if name.endswith(".jsonl"):
+            if is_input_name(name):
                 mode = _stat(path).st_mode  # follows a link to a file; a broken or looping one is refused
                 if not stat.S_ISREG(mode):
                     raise InputError(f"not a regular file but {file_kind(mode)}; inputs must be regular .jsonl files", path)
@@ -141,116 +154,113 @@ def _discover(dataset: Path) -> tuple[str, Path, list[Path]]:
             else:
                 skipped += 1
     if skipped:
-        log.warning("ignoring %d file(s) under %s that do not end in .jsonl", skipped, dataset)
+        log.warning("ignoring %d file(s) under %s that do not end in .jsonl, .jsonl.gz or .jsonl.zst", skipped, dataset)
     if not found:
-        raise InputError("directory contains no .jsonl files", dataset)
+        raise InputError("directory contains no .jsonl files (nor .jsonl.gz or .jsonl.zst)", dataset)
     found.sort(key=lambda item: item[0])
     return "dir", dataset, [path for _, path in found]
 
 
-MAX_MARKS = 1 << 16
+MAX_MARKS = 1 << 16  # rows of cumulative weights held at once while placing a shard boundary
+UNIT_BYTES = 64 << 20
+UNIT_BYTES_ENV = "ELASTIC_SHARD_PREPARE_UNIT_BYTES"
 
 
 class _Scan(NamedTuple):
     schema: SchemaNode
     rows: int
     weight: int
-    marks: list[int]
-    stride: int
+    lengths: array[int]
+    weights: array[int]
+    added: bytearray
+    pieces: list[list[Any]]
 
 
-def _blocks(
-    label: str,
+def _scan_pieces(
     files: list[Path],
-    readers: list[HashingLineReader],
+    pieces: list[list[int | None]],
+    base: str,
+    normalizer: RowNormalizer,
     offload: Offload,
-    quiet: bool,
     max_line: int,
-    count_colons: bool = False,
-) -> Iterator[tuple[HashingLineReader, int, list[bytes]]]:
-    """(reader, first line number, lines) per block over all files, with progress per block;
-    appends each file's reader to `readers`."""
-    total = sum(_stat(path).st_size for path in files)
-    with Progress(label, total, quiet) as progress:
-        for path in files:
-            reader = HashingLineReader(path, offload, max_line=max_line, count_colons=count_colons)
-            readers.append(reader)
-            seen = 0
-            for first, lines in reader.blocks():
-                yield reader, first, lines
-                progress.update(reader.size - seen, len(lines))
-                seen = reader.size
+    schema: SchemaNode | None = None,
+    first_row: int | None = None,
+    first_lines: list[int] | None = None,
+) -> _Scan:
+    """Pass one over byte ranges: validate and normalize every row, learn the schema and each
+    row's weight (its normalized JSON size) and line length.
 
-
-def _scan(
-    files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer, offload: Offload, quiet: bool, max_line: int
-) -> tuple[_Scan, list[HashingLineReader]]:
-    """Pass one: validate and normalize every row, learn the schema and the rows' weights.
-
-    A row's weight is its normalized JSON size. Only every `stride`-th cumulative weight is kept
-    (at most MAX_MARKS of them, the stride doubling as needed): that is all pass two needs to
-    reproduce the exact weight-balanced cuts while computing weights only near the cuts.
+    Alone (`first_row` None) a range does not know the rows before it: origins are then
+    "<piece>:<line in the piece>" and an added index is weighed as one digit (the cut unit
+    corrects both). Given the schema of everything before and where the range starts, it is
+    exactly the one-pass scan of the whole input, and raises the same error.
 
     Repeated keys are looked for once per block (`check_keys`), with the key count the schema
     keeps anyway; a row that fails another check is first checked for a repeated key in the rows
     up to it, so the error always names the first bad line."""
-    schema = SchemaNode()
+    schema = schema if schema is not None else SchemaNode()
     add_row = schema.add_row
     normalize = normalizer.normalize
+    index_key = normalizer.index_key
     dumps = orjson.dumps
-    readers: list[HashingLineReader] = []
-    marks: list[int] = []
-    stride = 1
-    next_mark = 1
+    lengths = array("I")
+    weights = array("I")
+    added = bytearray()
+    out: list[list[Any]] = []
     weight = 0
-    index = 0
-    keys_before = 0
-    for reader, first, lines in _blocks("pass 1/2", files, readers, offload, quiet, max_line, count_colons=True):
-        path = reader.path
-        base = base_of[path]
-        try:
-            for lineno, line in enumerate(lines, first):
-                row = normalize(parse_object(line, path, lineno), base, index, path, lineno)
-                weight += len(dumps(row)) + 1
-                add_row(row, (path, lineno))
-                index += 1
-                if index == next_mark:
-                    marks.append(weight)
-                    if len(marks) >= MAX_MARKS:
-                        marks = marks[1::2]
-                        stride *= 2
-                    next_mark = (len(marks) + 1) * stride
-        except (InputError, orjson.JSONEncodeError) as exc:
-            duplicate = first_duplicate_key(lines[: lineno - first + 1], first, path)
-            if duplicate is not None:
-                raise duplicate from None
-            if isinstance(exc, orjson.JSONEncodeError):  # only nesting beyond orjson.dumps's depth gets here
-                raise InputError(
-                    f"objects and lists nested too deeply to write back as JSON ({exc}; orjson writes at most 254 levels)",
-                    path,
-                    lineno,
-                ) from None
-            raise
-        keys_now = schema.keys_seen() - normalizer.added_keys  # keys of the input text so far
-        check_keys(reader.block, lines, first, path, keys_now - keys_before, reader.colons())
-        keys_before = keys_now
-    return _Scan(schema, index, weight, marks, stride), readers
+    index = first_row or 0
+    keys_before = schema.keys_seen() - normalizer.added_keys
+    for number, (file, start, end) in enumerate(pieces):
+        path = files[file]
+        rows_before = len(lengths)
+        name: Any = path if first_row is not None else str(number)
+        line0 = first_lines[number] if first_lines is not None else 1
+        reader = HashingLineReader(path, offload, max_line=max_line, count_colons=True, start=start, end=end, first_line=line0)
+        for first, lines in reader.blocks():
+            try:
+                for lineno, line in enumerate(lines, first):
+                    row = parse_object(line, path, lineno)
+                    adds = index_key is not None and row.get(index_key) is None
+                    row = normalize(row, base, index if first_row is not None else 0, path, lineno)
+                    size = len(dumps(row)) + 1
+                    weight += size
+                    weights.append(size)
+                    lengths.append(len(line))
+                    added.append(adds)
+                    add_row(row, (name, lineno))
+                    index += 1
+            except (InputError, orjson.JSONEncodeError) as exc:
+                duplicate = first_duplicate_key(lines[: lineno - first + 1], first, path)
+                if duplicate is not None:
+                    raise duplicate from None
+                if isinstance(exc, orjson.JSONEncodeError):  # only nesting beyond orjson.dumps's depth gets here
+                    raise InputError(
+                        f"objects and lists nested too deeply to write back as JSON ({exc}; orjson writes at most 254 levels)",
+                        path,
+                        lineno,
+                    ) from None
+                raise
+            keys_now = schema.keys_seen() - normalizer.added_keys  # keys of the input text so far
+            check_keys(reader.block, lines, first, path, keys_now - keys_before, reader.colons())
+            keys_before = keys_now
+        offload.drain()
+        source = reader.source
+        offset = source.first_offset if source is not None else start
+        out.append([offset, len(lengths) - rows_before, reader.sha256.hexdigest()])
+    return _Scan(schema, index - (first_row or 0), weight, lengths, weights, added, out)
+
+
+def _scan(
+    files: list[Path], base_of: dict[Path, str], normalizer: RowNormalizer, offload: Offload, quiet: bool, max_line: int
+) -> _Scan:
+    """Pass one over whole files in one process (every file from its start, in order)."""
+    bases = set(base_of.values())
+    base = bases.pop() if len(bases) == 1 else ""
+    return _scan_pieces(files, [[i, 0, None] for i in range(len(files))], base, normalizer, offload, max_line, first_row=0)
 
 
 def _relpath(path: Path, kind: str, root: Path) -> str:
     return path.relative_to(root).as_posix() if kind == "dir" else path.name
-
-
-def _fingerprint(path: Path, reader: HashingLineReader, kind: str, root: Path) -> InputFile:
-    st = _stat(path, " (it disappeared while prepare was reading it)")
-    return InputFile(
-        path=str(path),
-        relpath=_relpath(path, kind, root),
-        size=st.st_size,
-        mtime_ns=st.st_mtime_ns,
-        sha256=reader.sha256.hexdigest(),
-        rows=reader.lines,
-    )
 
 
 def _same_request(existing: Manifest, request: Request, inputs_now: list[InputFile]) -> str | None:
@@ -299,7 +309,7 @@ def _changed_content(before: list[InputFile], now: list[InputFile], quiet: bool)
     `now` holds the same names as `before`."""
     path_of = {f.relpath: Path(f.path) for f in now}
     paths = [path_of[old.relpath] for old in before]
-    for old, path, digest in zip(before, paths, sha256_files(paths, quiet)):
+    for old, path, digest in zip(before, paths, fingerprint_files(paths, [old.chunk_bytes for old in before], quiet)):
         if digest != old.sha256:
             return (
                 f"the input files changed: {path}: its content changed since the job was prepared (sha256 {digest[:12]}... "
@@ -380,9 +390,11 @@ def preflight(req: PrepareRequest) -> _Checked:
 def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = True) -> PrepareResult:
     """Prepare the job `req` describes (a no-op if the job directory already holds exactly it).
 
-    `quiet` turns off progress bars on stderr (drawn only on a terminal); warnings and results
-    are still logged. `verify_content=False` skips re-hashing the inputs of an existing job: for
-    a `dlc` instance whose prepare coordinator has just done that for the whole submission."""
+    The work is shared by `req.procs` processes on this node (default: its usable cores) and by
+    any other process that joins through the job directory's parent (`prepare_coop`). `quiet`
+    turns off progress bars on stderr; `verify_content=False` skips re-hashing the inputs of an
+    existing job: for a `dlc` instance whose prepare coordinator has just done that."""
+    started = time.monotonic()
     base, config_path, config_sha, dataset, job = preflight(req)
     request = Request(
         config_path=str(config_path),
@@ -396,139 +408,540 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
         log.info("job %s is already prepared with this exact request: nothing to do", job.root)
         return PrepareResult(existing, created=False)
 
-    recipe = load_recipe(config_path, base)
-    for warning in recipe.warnings:
-        log.warning("%s", warning)
     kind, root, files = _discover(dataset)
-    stage = job.root.parent / f".{job.root.name}.staging-{secrets.token_hex(4)}"
-    stage.mkdir(fsops.DIR_MODE)
+    total = sum(_stat(path).st_size for path in files)
+    procs = req.procs or usable_cores()
+    units = len(_plan_units(files, [_stat(path).st_size for path in files], _unit_bytes()))
+    helpers = 0 if total < _unit_bytes() // 2 else max(0, min(procs, max(units, req.num_shards)) - 1)
+    # Helpers start now: they wait for the plan while this process imports Data-Juicer.
+    procs_started = spawn_helpers(job.root, helpers) if helpers else []
     try:
-        with Offload() as offload:
-            manifest = _build(stage, job, request, recipe, kind, root, files, offload, quiet)
-        crashpoints.reached("prepare-staged")
-        if not fsops.rename_dir(stage, job.root):
-            existing = _check_existing(job, request, dataset, verify_content, quiet)
-            if existing is None:
-                raise JobStateError(f"could not publish {job.root}")
-            shutil.rmtree(stage, ignore_errors=True)
-            return PrepareResult(existing, created=False)
+        recipe = load_recipe(config_path, base)
+        for warning in recipe.warnings:
+            log.warning("%s", warning)
+        plan = _plan(request, recipe, kind, root, files)
+        pdir = PrepareDir.of(job.root)
+        plan = _open_plan(pdir, plan)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        stop_helpers(procs_started, wait_secs=0)
         raise
     log.info(
-        "prepared %s: %d rows from %d file(s) in %d shard(s)", job.root, manifest.total_rows, len(files), len(manifest.shards)
+        "preparing %s: %d input file(s), %d byte(s) in %d scan unit(s), %d shard(s), %d process(es) here",
+        job.root,
+        len(files),
+        total,
+        len(plan.units),
+        plan.num_shards,
+        helpers + 1,
+    )
+    participant = Participant(pdir, plan, UnitWork(pdir, plan), quiet=quiet)
+    try:
+        try:
+            participant.run(write_phase=lambda: _write_shards(participant))
+        except Gone:
+            if not pdir.published():
+                raise JobStateError(f"the prepare of {job.root} was abandoned by another process; run prepare again") from None
+    except BaseException as exc:
+        stop_helpers(procs_started, wait_secs=0)
+        if not isinstance(exc, Gone):
+            pdir.remove()
+        raise
+    stop_helpers(procs_started)
+    manifest = job.load_manifest()
+    participants = len(manifest.prepared_by)
+    log.info(
+        "prepared %s: %d rows from %d file(s) in %d shard(s) in %.2fs by %d participant(s)",
+        job.root,
+        manifest.total_rows,
+        len(files),
+        len(manifest.shards),
+        time.monotonic() - started,
+        participants,
     )
     return PrepareResult(manifest, created=True)
 
 
-def _build(
-    stage: Path,
-    job: JobLayout,
-    request: Request,
-    recipe: Recipe,
-    kind: str,
-    root: Path,
-    files: list[Path],
-    offload: Offload,
-    quiet: bool,
-) -> Manifest:
-    base_of = {path: str(root) for path in files}
-    normalizer = RowNormalizer(tuple(recipe.media_keys), recipe.index_key, ROW_KEY)
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
-    log.info("pass 1/2: validating %d input file(s) under %s", len(files), root)
-    scan, first_readers = _scan(files, base_of, normalizer, offload, quiet, recipe.max_line_bytes)
-    offload.drain()
-    schema, total_rows = scan.schema, scan.rows
-    inputs = [_fingerprint(path, reader, kind, root) for path, reader in zip(files, first_readers)]
-    if total_rows == 0:
-        raise InputError("the input has no rows", root if kind == "dir" else files[0])
-    if request.num_shards > total_rows:
-        raise UsageError(f"--num-shards {request.num_shards} exceeds the number of input rows ({total_rows})")
-    warnings = list(recipe.warnings)
-    int_nulls = schema.int_null_fields()
-    if int_nulls:
-        warnings.append(
-            "integer field(s) null or missing in some rows: "
-            + ", ".join(int_nulls[:5])
-            + " - Ray's JSON export writes them as floats in blocks that hold a null"
-        )
-        log.warning("%s", warnings[-1])
 
-    layout = JobLayout(stage)
-    for sub in (*layout.skeleton, layout.cache_dir):
-        sub.mkdir(fsops.DIR_MODE)
+def _unit_bytes() -> int:
+    value = os.environ.get(UNIT_BYTES_ENV)
+    return int(value) if value else UNIT_BYTES
 
-    log.info("pass 2/2: writing %d shard(s)", request.num_shards)
-    shards = _write_shards(layout, request.num_shards, files, base_of, normalizer, scan, offload, quiet, recipe.max_line_bytes)
-    second_readers = shards.readers
-    for before, path, reader in zip(inputs, files, second_readers):
-        st = _stat(path, " (it disappeared while prepare was reading it)")
-        if reader.sha256.hexdigest() != before.sha256 or st.st_size != before.size or st.st_mtime_ns != before.mtime_ns:
-            raise InputError("changed while prepare was reading it; rerun prepare when the input is stable", path)
 
+def _plan_units(paths: list[Path], sizes: list[int], unit_bytes: int) -> list[list[list[int | None]]]:
+    """Scan units: a large plain file in `unit_bytes` ranges of its own, smaller files (and every
+    compressed one, which cannot be entered in the middle) whole, grouped up to `unit_bytes`."""
+    units: list[list[list[int | None]]] = []
+    group: list[list[int | None]] = []
+    group_bytes = 0
+    for i, (path, size) in enumerate(zip(paths, sizes)):
+        compressed = compression_of(path) is not None
+        if compressed or size <= unit_bytes:
+            if group and group_bytes + size > unit_bytes:
+                units.append(group)
+                group, group_bytes = [], 0
+            group.append([i, 0, None if compressed else size])
+            group_bytes += size
+            continue
+        if group:
+            units.append(group)
+            group, group_bytes = [], 0
+        for start in range(0, size, unit_bytes):
+            units.append([[i, start, min(size, start + unit_bytes)]])
+    if group:
+        units.append(group)
+    return units
+
+
+def _plan(request: Request, recipe: Recipe, kind: str, root: Path, files: list[Path]) -> PreparePlan:
+    stats = [_stat(path) for path in files]
+    sizes = [st.st_size for st in stats]
+    mtimes = [st.st_mtime_ns for st in stats]
+    unit_bytes = _unit_bytes()
     config = dict(recipe.config)
     config["dataset_path"] = str(Path(request.dataset_path))
     recipe_bytes = dump_config(config)
-    with fsops.create_file(layout.recipe) as handle:
-        handle.write(recipe_bytes)
     identity = engine_identity()
-    manifest = Manifest(
-        format_version=FORMAT_VERSION,
-        job_id=secrets.token_hex(8),
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        created_on=socket.gethostname(),
-        request=request,
-        recipe_sha256=hashlib.sha256(recipe_bytes).hexdigest(),
-        recipe_file="recipe.yaml",
-        data_juicer_version=identity.data_juicer_version,
-        data_juicer_commit=identity.data_juicer_commit,
-        ray_version=identity.ray_version,
-        python_version=f"{platform.python_implementation()} {sys.version.split()[0]}",
-        dataset_kind=kind,
-        dataset_root=str(root if kind == "dir" else files[0]),
-        inputs=inputs,
-        total_rows=total_rows,
-        total_bytes=shards.total_bytes,
-        normalized_sha256=shards.normalized.hexdigest(),
-        index_key=recipe.index_key,
-        media_keys=list(recipe.media_keys),
-        shards=shards.specs,
-        warnings=warnings,
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "job_id": secrets.token_hex(8),
+        "created_on": socket.gethostname(),
+        "request": dataclasses.asdict(request),
+        "recipe_sha256": hashlib.sha256(recipe_bytes).hexdigest(),
+        "recipe_file": "recipe.yaml",
+        "data_juicer_version": identity.data_juicer_version,
+        "data_juicer_commit": identity.data_juicer_commit,
+        "ray_version": identity.ray_version,
+        "python_version": f"{platform.python_implementation()} {sys.version.split()[0]}",
+        "dataset_kind": kind,
+        "dataset_root": str(root if kind == "dir" else files[0]),
+        "index_key": recipe.index_key,
+        "media_keys": list(recipe.media_keys),
+        "warnings": list(recipe.warnings),
+    }
+    settings = request.settings
+    key_source = orjson.dumps(
+        [FORMAT_VERSION, dataclasses.asdict(request), [str(f) for f in files], sizes, mtimes, unit_bytes, recipe_bytes.decode()]
     )
-    with fsops.create_file(layout.manifest) as handle:
-        handle.write(encode(manifest))
-    for path in (layout.manifest, layout.recipe):
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-    return manifest
+    return PreparePlan(
+        key=hashlib.sha256(key_source).hexdigest(),
+        files=[str(f) for f in files],
+        sizes=sizes,
+        mtimes=mtimes,
+        units=_plan_units(files, sizes, unit_bytes),
+        unit_bytes=unit_bytes,
+        base=str(root),
+        media_keys=list(recipe.media_keys),
+        index_key=recipe.index_key,
+        max_line=recipe.max_line_bytes,
+        num_shards=request.num_shards,
+        lease_secs=settings.lock_timeout_secs,
+        heartbeat_secs=settings.heartbeat_interval_secs,
+        poll_secs=min(settings.poll_interval_secs, 0.2),
+        manifest=manifest,
+        recipe_text=recipe_bytes.decode(),
+    )
+
+
+def _open_plan(pdir: PrepareDir, plan: PreparePlan) -> PreparePlan:
+    """Start the prepare of `plan`, or join the same one already under way (or left by a killed
+    prepare: its finished units are kept). A plan of another request or of input files that
+    changed since, or one that failed, is removed first."""
+    for _ in range(5):
+        if pdir.root.is_dir():
+            try:
+                existing = pdir.read_plan()
+            except ValueError:
+                existing = None
+            if existing is not None:
+                if existing.key == plan.key and not fsops.lexists(pdir.failed):
+                    log.info("joining the prepare already under way in %s", pdir.root)
+                    return existing
+                log.warning("removing %s: it holds an earlier prepare of another request or input", pdir.root)
+                pdir.remove()
+                continue
+        fsops.ensure_dir(pdir.root)
+        for sub in (pdir.units, pdir.stage, JobLayout(pdir.stage).shards_dir):
+            fsops.ensure_dir(sub)
+        if fsops.publish_once(pdir.plan, encode(plan)):
+            return plan
+    raise JobStateError(f"could not start the prepare in {pdir.root}: other prepares keep replacing it")
+
+
+def _unit_blob(scan: _Scan) -> bytes:
+    return scan.lengths.tobytes() + scan.weights.tobytes() + bytes(scan.added)
+
+
+def _read_blob(path: Path, rows: int) -> tuple[Any, Any, Any]:
+    import numpy as np
+
+    data = path.read_bytes()
+    if len(data) != rows * 9:
+        raise JobStateError(f"{path}: {len(data)} bytes, expected {rows * 9} for {rows} rows")
+    lengths = np.frombuffer(data, dtype=np.uint32, count=rows)
+    weights = np.frombuffer(data, dtype=np.uint32, count=rows, offset=rows * 4)
+    added = np.frombuffer(data, dtype=np.uint8, count=rows, offset=rows * 8)
+    return lengths, weights, added
+
+
+_POWERS_OF_TEN = [10**k for k in range(1, 19)]
+
+
+def _digits(first: int, rows: int) -> Any:
+    """The number of decimal digits of each row index first .. first + rows - 1."""
+    import numpy as np
+
+    index = np.arange(first, first + rows, dtype=np.int64)
+    return np.searchsorted(np.array(_POWERS_OF_TEN, dtype=np.int64), index, side="right") + 1
+
+
+class UnitWork:
+    """The four kinds of unit (prepare_coop) over one plan; any process can do any of them."""
+
+    def __init__(self, pdir: PrepareDir, plan: PreparePlan):
+        self.pdir = pdir
+        self.plan = plan
+        self.files = [Path(f) for f in plan.files]
+        self.stage = JobLayout(pdir.stage)
+
+    def _normalizer(self) -> RowNormalizer:
+        return RowNormalizer(tuple(self.plan.media_keys), self.plan.index_key, ROW_KEY)
+
+    def _scan_result(self, index: int) -> ScanResult:
+        path = self.pdir.result(f"scan-{index:05d}")
+        return load(ScanResult, path)
+
+    def _cuts(self) -> PrepareCuts:
+        return load(PrepareCuts, self.pdir.result("cut"))
+
+    # ---- scan -------------------------------------------------------------------------------
+
+    def scan(self, index: int) -> bytes:
+        host, pid = socket.gethostname(), os.getpid()
+        normalizer = self._normalizer()
+        try:
+            with Offload() as offload:
+                scan = _scan_pieces(self.files, self.plan.units[index], self.plan.base, normalizer, offload, self.plan.max_line)
+        except InputError as exc:
+            return encode(ScanResult(index, host, pid, False, str(exc), 0, 0, 0, [], []))
+        fsops.publish_once(self.pdir.blob(f"scan-{index:05d}"), _unit_blob(scan))
+        record = ScanResult(
+            index, host, pid, True, None, scan.rows, scan.weight, normalizer.added_keys, scan.pieces, scan.schema.flatten()
+        )
+        return encode(record)
+
+    # ---- cut --------------------------------------------------------------------------------
+
+    def cut(self) -> bytes:
+        """Merge the scans in order into the one-pass schema (re-scanning the first unit that
+        failed or contradicts the ones before it, to raise exactly the one-pass error), fix the
+        weights of added indices, and place the shard boundaries by the one-pass rule."""
+        import numpy as np
+
+        plan = self.plan
+        schema = SchemaNode()
+        next_line = [1] * len(self.files)
+        piece_lines: list[list[int]] = []
+        piece_offsets: list[list[int]] = []
+        unit_rows: list[int] = []
+        unit_weights: list[int] = []
+        rows = 0
+        for index, pieces in enumerate(plan.units):
+            result = self._scan_result(index)
+            lines = [next_line[file] for file, _, _ in pieces]
+            names = [str(self.files[file]) for file, _, _ in pieces]
+
+            def origin(where: str, names: list[str] = names, lines: list[int] = lines) -> str:
+                piece, _, line = where.partition(":")
+                return f"{names[int(piece)]}:{lines[int(piece)] + int(line) - 1}"
+
+            local = SchemaNode.unflatten(result.schema, origin) if result.ok else None
+            if local is None or schema.conflicts_with(local):
+                self._rescan(index, schema, rows, lines)
+                raise InputError(result.error or "the input changed while prepare was reading it; rerun prepare")
+            schema.absorb(local)
+            for (file, _, _), (_, count, _) in zip(pieces, result.pieces):
+                next_line[file] += count
+            piece_lines.append(lines)
+            piece_offsets.append([offset for offset, _, _ in result.pieces])
+            weight = result.weight
+            if plan.index_key is not None and result.rows:
+                _, _, added = _read_blob(self.pdir.blob(f"scan-{index:05d}"), result.rows)
+                weight += int((added * (_digits(rows, result.rows) - 1)).sum())
+            unit_rows.append(result.rows)
+            unit_weights.append(weight)
+            rows += result.rows
+        total_weight = sum(unit_weights)
+        dataset_root = Path(plan.manifest["dataset_root"])
+        if rows == 0:
+            raise InputError("the input has no rows", dataset_root)
+        if plan.num_shards > rows:
+            raise UsageError(f"--num-shards {plan.num_shards} exceeds the number of input rows ({rows})")
+        warnings = []
+        int_nulls = schema.int_null_fields()
+        if int_nulls:
+            warnings.append(
+                "integer field(s) null or missing in some rows: "
+                + ", ".join(int_nulls[:5])
+                + " - Ray's JSON export writes them as floats in blocks that hold a null"
+            )
+        firsts = self._cut_rows(rows, total_weight, unit_rows, unit_weights, np)
+        shards = []
+        unit_first = [0]
+        for n in unit_rows:
+            unit_first.append(unit_first[-1] + n)
+        results = [self._scan_result(i) for i in range(len(plan.units))]
+        for k, first in enumerate(firsts):
+            end = firsts[k + 1] if k + 1 < len(firsts) else rows
+            shards.append(ShardCut(first, end - first, _segments(first, end, unit_first, results)))
+        return encode(PrepareCuts(rows, total_weight, schema.flatten(), warnings, shards, piece_lines, piece_offsets))
+
+    def _rescan(self, index: int, schema: SchemaNode, first_row: int, lines: list[int]) -> None:
+        with Offload() as offload:
+            _scan_pieces(
+                self.files,
+                self.plan.units[index],
+                self.plan.base,
+                self._normalizer(),
+                offload,
+                self.plan.max_line,
+                schema=schema,
+                first_row=first_row,
+                first_lines=lines,
+            )
+
+    def _cut_rows(self, rows: int, total_weight: int, unit_rows: list[int], unit_weights: list[int], np: Any) -> list[int]:
+        """The first row of every shard: shard i ends after the first row r at or after its start
+        whose cumulative weight reaches (i+1)/count of the total, unless only as many rows as
+        shards are left (exactly the one-pass rule)."""
+        count = self.plan.num_shards
+        ends = []
+        acc = 0
+        for w in unit_weights:
+            acc += w
+            ends.append(acc)
+        firsts = [0]
+        unit_first = [0]
+        for n in unit_rows:
+            unit_first.append(unit_first[-1] + n)
+        for shard in range(count - 1):
+            start = firsts[-1]
+            threshold = math.ceil(total_weight * (shard + 1) / count)
+            row = self._first_reaching(threshold, ends, unit_first, unit_weights, np)
+            row = min(max(row, start), rows - count + shard)
+            firsts.append(row + 1)
+        return firsts
+
+    def _first_reaching(self, threshold: int, ends: list[int], unit_first: list[int], unit_weights: list[int], np: Any) -> int:
+        """The first row whose cumulative weight is at least `threshold`."""
+        unit = bisect.bisect_left(ends, threshold)
+        if unit >= len(ends):
+            return unit_first[-1] - 1
+        rows = unit_first[unit + 1] - unit_first[unit]
+        _, weights, added = _read_blob(self.pdir.blob(f"scan-{unit:05d}"), rows)
+        cumulative = ends[unit] - unit_weights[unit]
+        for lo in range(0, rows, MAX_MARKS):
+            hi = min(rows, lo + MAX_MARKS)
+            part = weights[lo:hi].astype(np.int64)
+            if self.plan.index_key is not None:
+                part += added[lo:hi] * (_digits(unit_first[unit] + lo, hi - lo) - 1)
+            sums = np.cumsum(part) + cumulative
+            at = int(np.searchsorted(sums, threshold, side="left"))
+            if at < hi - lo:
+                return unit_first[unit] + lo + at
+            cumulative = int(sums[-1])
+        return unit_first[unit + 1] - 1
+
+    # ---- write ------------------------------------------------------------------------------
+
+    def write(self, index: int) -> bytes:
+        """Pass two for one shard: re-read its rows, write them normalized in the schema's shape."""
+        cuts = self._cuts()
+        cut = cuts.shards[index]
+        plan = self.plan
+        schema = SchemaNode.unflatten(cuts.schema)
+        shape = schema.shaper() or (lambda row: row)
+        normalize = self._normalizer().normalize
+        dumps = orjson.dumps
+        max_shard_line = plan.max_line + 1  # with its newline
+        shard_id = shard_id_for(index, plan.num_shards)
+        blobs: dict[int, Any] = {}
+        row_index = cut.first_row
+        with Offload() as offload:
+            writer = _ShardWriter(self.stage.shards_dir / f"{shard_id}.jsonl", offload)
+            try:
+                for path in self.files:
+                    _stat(path)
+                for unit, piece, in_unit, in_piece, count in cut.segments:
+                    file, start, _ = plan.units[unit][piece]
+                    path = self.files[file]
+                    if unit not in blobs:
+                        blobs[unit] = _read_blob(self.pdir.blob(f"scan-{unit:05d}"), self._scan_result(unit).rows)[0]
+                    lengths = blobs[unit]
+                    piece_start = in_unit - in_piece
+                    offset = cuts.piece_offsets[unit][piece] + int(lengths[piece_start:in_unit].sum()) + in_piece
+                    line0 = cuts.piece_lines[unit][piece] + in_piece
+                    reader = HashingLineReader(
+                        path, offload, max_line=plan.max_line, start=offset, first_line=line0, hashing=False
+                    )
+                    left = count
+                    at = in_unit
+                    for first, lines in reader.blocks():
+                        for lineno, line in enumerate(lines, first):
+                            if len(line) != lengths[at]:
+                                raise InputError(
+                                    "changed while prepare was reading it; rerun prepare when the input is stable", path, lineno
+                                )
+                            row = normalize(parse_object(line, path, lineno), plan.base, row_index, path, lineno)
+                            shaped = {ROW_KEY: row_index}
+                            shaped.update(shape(row))
+                            out = dumps(shaped) + b"\n"
+                            if len(out) > max_shard_line:
+                                raise _ShardLineTooLong(len(out) - 1, plan.max_line, path, lineno)
+                            writer.add(out)
+                            row_index += 1
+                            at += 1
+                            left -= 1
+                            if not left:
+                                break
+                        if not left:
+                            break
+                    if left:
+                        raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", path)
+                spec = writer.finish()
+            except _ShardLineTooLong as exc:
+                writer.abort()
+                raise exc.error() from None
+            except InputError as exc:
+                writer.abort()
+                if "while prepare was reading it" in str(exc):
+                    raise
+                raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
+            except BaseException:
+                writer.abort()
+                raise
+        rows, size, sha = spec
+        return encode(ShardWritten(index, socket.gethostname(), os.getpid(), rows, size, sha))
+
+    # ---- final ------------------------------------------------------------------------------
+
+    def final(self) -> bytes:
+        """Fingerprints, the manifest, and the job published by renaming the stage onto it."""
+        plan = self.plan
+        cuts = self._cuts()
+        scans = [self._scan_result(i) for i in range(len(plan.units))]
+        per_file: list[list[str]] = [[] for _ in self.files]
+        rows_of = [0] * len(self.files)
+        for pieces, result in zip(plan.units, scans):
+            for (file, _, _), (_, count, digest) in zip(pieces, result.pieces):
+                per_file[file].append(digest)
+                rows_of[file] += count
+        kind, root = plan.manifest["dataset_kind"], Path(plan.manifest["dataset_root"])
+        if kind == "file":
+            root = root.parent
+        inputs = []
+        for i, path in enumerate(self.files):
+            st = _stat(path, " (it disappeared while prepare was reading it)")
+            if st.st_size != plan.sizes[i] or st.st_mtime_ns != plan.mtimes[i]:
+                raise InputError("changed while prepare was reading it; rerun prepare when the input is stable", path)
+            digests = per_file[i]
+            chunked = len(digests) > 1
+            sha = hashlib.sha256(b"".join(bytes.fromhex(d) for d in digests)).hexdigest() if chunked else digests[0]
+            inputs.append(
+                InputFile(
+                    path=str(path),
+                    relpath=_relpath(path, kind, root),
+                    size=st.st_size,
+                    mtime_ns=st.st_mtime_ns,
+                    sha256=sha,
+                    rows=rows_of[i],
+                    chunk_bytes=plan.unit_bytes if chunked else 0,
+                    chunks=digests if chunked else [],
+                )
+            )
+        specs = []
+        for k, cut in enumerate(cuts.shards):
+            written = load(ShardWritten, self.pdir.result(f"write-{k:05d}"))
+            shard_id = shard_id_for(k, plan.num_shards)
+            specs.append(
+                ShardSpec(shard_id, k, f"shards/{shard_id}.jsonl", cut.first_row, written.rows, written.bytes, written.sha256)
+            )
+        normalized = sha256_concatenated([self.stage.shards_dir / f"{s.shard_id}.jsonl" for s in specs])
+        layout = self.stage
+        for sub in (*layout.skeleton, layout.cache_dir):
+            fsops.ensure_dir(sub)
+        recipe_bytes = plan.recipe_text.encode()
+        if not layout.recipe.exists():
+            with fsops.atomic_output(layout.recipe, replace=True) as out:
+                out.write(recipe_bytes)
+                out.commit()
+        fields = dict(plan.manifest)
+        fields.update(
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            inputs=[dataclasses.asdict(f) for f in inputs],
+            total_rows=cuts.total_rows,
+            total_bytes=sum(s.bytes for s in specs),
+            normalized_sha256=normalized,
+            shards=[dataclasses.asdict(s) for s in specs],
+            warnings=[*fields.get("warnings", []), *cuts.warnings],
+            prepared_by=self._participants(scans, plan.num_shards),
+        )
+        manifest = from_dict(Manifest, fields, "manifest")
+        fsops.publish_once(layout.manifest, encode(manifest))
+        crashpoints.reached("prepare-staged")
+        if not fsops.rename_dir(self.pdir.stage, self.pdir.job_root):
+            raise JobStateError(f"could not publish {self.pdir.job_root}: it exists")
+        return b"{}\n"
+
+    def _participants(self, scans: list[ScanResult], shards: int) -> list[str]:
+        who = {f"{r.host}:{r.pid}" for r in scans}
+        for k in range(shards):
+            written = load(ShardWritten, self.pdir.result(f"write-{k:05d}"))
+            who.add(f"{written.host}:{written.pid}")
+        who.add(f"{socket.gethostname()}:{os.getpid()}")
+        return sorted(who)
+
+
+def _segments(first: int, end: int, unit_first: list[int], results: list[ScanResult]) -> list[list[int]]:
+    """Rows [first, end) as runs within one piece: [unit, piece, row in unit, row in piece, rows]."""
+    out = []
+    unit = bisect.bisect_right(unit_first, first) - 1
+    row = first
+    while row < end:
+        while unit_first[unit + 1] <= row:
+            unit += 1
+        in_unit = row - unit_first[unit]
+        piece_first = 0
+        for piece, (_, count, _) in enumerate(results[unit].pieces):
+            if in_unit < piece_first + count:
+                take = min(end - row, piece_first + count - in_unit)
+                out.append([unit, piece, in_unit, in_unit - piece_first, take])
+                row += take
+                break
+            piece_first += count
+    return out
 
 
 class _ShardWriter:
-    """Writes exactly `count` contiguous non-empty shards; lines are batched into large blocks
-    whose writing and hashing run on the offload thread."""
+    """Writes one shard; lines are batched into large blocks whose writing and hashing run on
+    the offload thread. Published create-once: a second writer of the same shard (after a
+    takeover) wrote the same bytes."""
 
     FLUSH_BYTES = 4 << 20
 
-    def __init__(self, layout: JobLayout, count: int, offload: Offload):
-        self.layout = layout
-        self.count = count
+    def __init__(self, path: Path, offload: Offload):
         self.offload = offload
-        self.specs: list[ShardSpec] = []
-        self.normalized = hashlib.sha256()
-        self.total_bytes = 0
-        self.readers: list[HashingLineReader] = []
-        self._open(0, 0)
-
-    def _open(self, index: int, first_row: int) -> None:
-        self.index = index
-        self.first_row = first_row
+        self.out = fsops.AtomicOutput(path, replace=False)
+        self.sha = hashlib.sha256()
         self.rows = 0
         self.bytes = 0
-        self.sha = hashlib.sha256()
         self.pending: list[bytes] = []
         self.pending_bytes = 0
-        self.path = self.layout.shards_dir / f"{shard_id_for(index, self.count)}.jsonl"
-        self.handle = fsops.create_file(self.path)
 
     def add(self, line: bytes) -> None:
         self.pending.append(line)
@@ -538,64 +951,25 @@ class _ShardWriter:
 
     def _flush(self) -> None:
         if self.pending:
-            self.offload.submit(_write_block, self.handle, b"".join(self.pending), self.sha, self.normalized)
+            self.offload.submit(_write_block, self.out, b"".join(self.pending), self.sha)
         self.rows += len(self.pending)
         self.bytes += self.pending_bytes
         self.pending = []
         self.pending_bytes = 0
 
-    def cut(self, next_first_row: int) -> None:
-        """Close the current shard; the next one starts at row `next_first_row`."""
+    def finish(self) -> tuple[int, int, str]:
         self._flush()
-        self.total_bytes += self.bytes
-        shard_id = shard_id_for(self.index, self.count)
-        spec = ShardSpec(
-            shard_id=shard_id,
-            index=self.index,
-            path=f"shards/{shard_id}.jsonl",
-            first_row=self.first_row,
-            rows=self.rows,
-            bytes=self.bytes,
-            sha256="",
-        )
-        self.offload.submit(_finish_shard, self.handle, self.sha, spec, self.specs)
-        if self.index + 1 < self.count:
-            self._open(self.index + 1, next_first_row)
+        self.offload.drain()
+        self.out.commit()
+        return self.rows, self.bytes, self.sha.hexdigest()
 
-    def close(self) -> None:
-        """Close a shard left open by an error (the staging directory is removed anyway)."""
-        if not self.handle.closed:
-            self.handle.close()
+    def abort(self) -> None:
+        self.out.abort()
 
 
-def _write_block(handle: BinaryIO, data: bytes, shard_sha: Any, normalized: Any) -> None:
-    handle.write(data)
-    shard_sha.update(data)
-    normalized.update(data)
-
-
-def _finish_shard(handle: BinaryIO, sha: Any, spec: ShardSpec, specs: list[ShardSpec]) -> None:
-    handle.flush()
-    os.fsync(handle.fileno())
-    handle.close()
-    spec.sha256 = sha.hexdigest()
-    specs.append(spec)
-
-
-def _cut_windows(scan: _Scan, count: int) -> list[tuple[int, int, int, bool]]:
-    """Per `stride` rows: (last row count, cumulative weight before, after, whether a shard
-    boundary falls inside). Outside such windows every row's cumulative weight compares with
-    every boundary exactly as the window's end does, so pass two needs no weight there."""
-    boundaries = [scan.weight * (k + 1) / count for k in range(count - 1)]
-    ends = [((j + 1) * scan.stride, mark) for j, mark in enumerate(scan.marks)]
-    if not ends or ends[-1][0] != scan.rows:
-        ends.append((scan.rows, scan.weight))
-    windows = []
-    before = 0
-    for end, after in ends:
-        windows.append((end, before, after, any(before < b <= after for b in boundaries)))
-        before = after
-    return windows
+def _write_block(out: fsops.AtomicOutput, data: bytes, sha: Any) -> None:
+    out.write(data)
+    sha.update(data)
 
 
 class _ShardLineTooLong(Exception):
@@ -609,76 +983,6 @@ class _ShardLineTooLong(Exception):
         return line_too_long(self.size, self.limit, self.path, self.lineno, what=what)
 
 
-def _write_shards(
-    layout: JobLayout,
-    count: int,
-    files: list[Path],
-    base_of: dict[Path, str],
-    normalizer: RowNormalizer,
-    scan: _Scan,
-    offload: Offload,
-    quiet: bool,
-    max_line: int,
-) -> _ShardWriter:
-    """Pass two: write every row in normalized, schema-shaped form and cut it into shards.
-
-    After row r (0-based) of shard i < count-1 a shard is cut when only as many rows are left as
-    shards, or when the cumulative weight reached i+1 count-ths of the total while more rows than
-    shards are left. A shard line, not only its input line, must fit the engine's line limit:
-    null-filled fields, absolute media paths and the row number make it longer."""
-    total_rows, total_weight = scan.rows, scan.weight
-    writer = _ShardWriter(layout, count, offload)
-    shape = scan.schema.shaper() or (lambda row: row)
-    normalize = normalizer.normalize
-    dumps = orjson.dumps
-    windows = iter(_cut_windows(scan, count))
-    window_end, cumulative, window_weight, exact = -1, 0, 0, False
-    shard = 0
-    boundary = total_weight / count
-    row_index = -1
-    max_shard_line = max_line + 1  # with its newline
-    try:
-        for reader, first, lines in _blocks("pass 2/2", files, writer.readers, offload, quiet, max_line):
-            path = reader.path
-            base = base_of[path]
-            for lineno, line in enumerate(lines, first):
-                row_index += 1
-                if row_index >= total_rows:
-                    raise InputError("gained rows while prepare was reading it", path, lineno)
-                if row_index >= window_end:
-                    window_end, cumulative, window_weight, exact = next(windows)
-                row = normalize(parse_object(line, path, lineno), base, row_index, path, lineno)
-                if exact:
-                    cumulative += len(dumps(row)) + 1
-                else:
-                    cumulative = window_weight
-                shaped = {ROW_KEY: row_index}
-                shaped.update(shape(row))
-                out = dumps(shaped) + b"\n"
-                if len(out) > max_shard_line:
-                    raise _ShardLineTooLong(len(out) - 1, max_line, path, lineno)
-                writer.add(out)
-                if shard < count - 1:
-                    rows_left = total_rows - row_index - 1
-                    shards_left = count - shard - 1
-                    if rows_left == shards_left or (cumulative >= boundary and rows_left > shards_left):
-                        writer.cut(row_index + 1)
-                        shard += 1
-                        boundary = total_weight * (shard + 1) / count
-    except _ShardLineTooLong as exc:
-        writer.close()
-        raise exc.error() from None
-    except InputError as exc:
-        writer.close()
-        raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
-    except BaseException:
-        writer.close()
-        raise
-    if row_index + 1 != total_rows:
-        writer.close()
-        raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", files[-1])
-    writer.cut(total_rows)
-    offload.drain()
-    if len(writer.specs) != count:
-        raise AssertionError(f"wrote {len(writer.specs)} shards, expected {count}")
-    return writer
+def _write_shards(participant: Participant) -> None:
+    """Pass two, this process's share: write shards until none is left to claim."""
+    participant.write_phase()

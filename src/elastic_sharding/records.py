@@ -126,6 +126,10 @@ class InputFile:
     mtime_ns: int
     sha256: str
     rows: int
+    # A plain file larger than `chunk_bytes` is read in parallel chunks: `sha256` is then the
+    # sha256 of its chunks' binary sha256 digests in order (`chunks`, the hex digests).
+    chunk_bytes: int = 0
+    chunks: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -189,6 +193,7 @@ class Manifest:
     media_keys: list[str]
     shards: list[ShardSpec]
     warnings: list[str] = field(default_factory=list)
+    prepared_by: list[str] = field(default_factory=list)  # host:pid of every process that did a prepare unit
 
     def shard(self, shard_id: str) -> ShardSpec:
         for spec in self.shards:
@@ -398,3 +403,127 @@ class Outcome:
     host: str
     pid: int
     at: float
+
+
+# ---- cooperative prepare (`.<job>.preparing/`; removed when the job is published) ------------
+
+
+@dataclass
+class PreparePlan:
+    """What every participant of one prepare needs, without the recipe or Data-Juicer: the input
+    files as listed (with size and time, to detect a change) and the scan units over them."""
+
+    key: str
+    files: list[str]
+    sizes: list[int]
+    mtimes: list[int]
+    units: list[list[list[int | None]]]  # per unit: [file, start, end (None: to the end)] pieces
+    unit_bytes: int
+    base: str
+    media_keys: list[str]
+    index_key: str | None
+    max_line: int
+    num_shards: int
+    lease_secs: float
+    heartbeat_secs: float
+    poll_secs: float
+    manifest: dict[str, Any]  # the manifest's fields known before the scan (request, recipe, engine...)
+    recipe_text: str
+
+
+@dataclass
+class UnitClaim:
+    token: str
+    host: str
+    pid: int
+    at: float
+
+
+@dataclass
+class ScanResult:
+    unit: int
+    host: str
+    pid: int
+    ok: bool
+    error: str | None
+    rows: int
+    weight: int  # normalized bytes, with every added index counted as one digit (fixed at the cut)
+    added_keys: int
+    pieces: list[list[Any]]  # per piece: [first line offset, lines, sha256 of its bytes]
+    schema: list[list[Any]]  # flattened SchemaNode tree, origins as "<piece>:<line>"
+
+
+@dataclass
+class ShardCut:
+    first_row: int
+    rows: int
+    segments: list[list[int]]  # [unit, piece, first row in the unit, first row in the piece, rows]
+
+
+@dataclass
+class PrepareCuts:
+    total_rows: int
+    total_weight: int
+    schema: list[list[Any]]
+    warnings: list[str]
+    shards: list[ShardCut]
+    piece_lines: list[list[int]]  # per unit, per piece: the number of its first line in its file
+    piece_offsets: list[list[int]]
+
+
+@dataclass
+class ShardWritten:
+    index: int
+    host: str
+    pid: int
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class PrepareFailure:
+    error: str  # the exception's class name in errors.py
+    message: str
+    host: str
+    pid: int
+
+
+# -- published outputs (`merge`) -----------------------------------------------------------------
+
+
+@dataclass
+class PublishRecord(MergeRecord):
+    """`merge.json`: a MergeRecord that also says which form was published. `form` "file": one
+    merged JSONL at `output`, `sha256` is that file's. `form` "directory": one JSONL per shard in
+    the directory `output`, listed by its index file `index`, and `sha256` is the index file's."""
+
+    form: str = "file"  # file | directory
+    index: str | None = None
+
+
+@dataclass
+class IndexEntry:
+    """One shard of a directory output; `name` is None for a shard without rows (no file)."""
+
+    name: str | None
+    shard_id: str
+    attempt_id: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class OutputIndex:
+    """The index of a directory output, written last: its presence commits the directory."""
+
+    format: str
+    format_version: int
+    job_id: str
+    rows: int
+    bytes: int
+    files: int
+    entries: list[IndexEntry]
+    published_at: float
+    host: str

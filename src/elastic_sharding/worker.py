@@ -4,6 +4,13 @@ One attempt at a time is published; with the warm runner the next (claimed-ahead
 already processing while the current one drains. Each attempt runs in an isolated
 `attempts/<shard>/<attempt>/` directory; its output is published only after it was collected,
 validated and the claim re-checked.
+
+Ray's raw export is removed as soon as it is collected, before the completion is published (and
+when an attempt fails): a job directory holds each shard's output once, in `processed.jsonl`.
+An attempt killed between collecting and that removal leaves its raw export behind (and one
+killed later, or fenced, its unused `processed.jsonl`); once the shard's completion is published,
+when no other attempt's output can matter any more, the worker that published it removes every
+such leftover of the shard's other attempts.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from . import crashpoints, fsops
 from .engine import engine_identity
 from .errors import EXIT_ERROR, EXIT_OK, AttemptFailed, AttemptInterrupted, JobStateError, VersionMismatchError
 from .fsprobe import check_job_filesystem
-from .layout import JobLayout, attempt_files
+from .layout import JobLayout, attempt_files, attempt_ids
 from .lease import (
     DONE,
     FAILED,
@@ -36,9 +43,9 @@ from .lease import (
     read_claim,
     read_claim_heartbeat,
 )
-from .output import collect
+from .output import collect, remove_raw_output, remove_unused_output
 from .prepare import validate_settings
-from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode, operator_stats
+from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode, load, operator_stats
 from .runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 from .signals import on_stop_signals
 
@@ -177,6 +184,9 @@ class Worker:
         self.last_rate: float | None = None
         self.stopping: str | None = None
         self._wake = threading.Event()
+        # Raw exports of this worker's attempts that a runner might still have been writing when
+        # they were removed (or whose removal failed): removed again once the runner is closed.
+        self._raw_leftovers: set[Path] = set()
 
     def _node_runtime(self) -> NodeRuntime:
         settings = self.settings
@@ -198,8 +208,11 @@ class Worker:
         try:
             return self._claim_loop()
         finally:
-            self.drop_staged("the worker is leaving")
-            self.runner.close()
+            try:
+                self.drop_staged("the worker is leaving")
+                self.runner.close()
+            finally:
+                self._remove_raw_leftovers()
 
     def _claim_loop(self) -> int:
         check_engine(self.manifest, self.options.allow_version_mismatch)
@@ -255,6 +268,7 @@ class Worker:
                 if fsops.lexists(self.layout.done(shard_id)):
                     self.claims.try_claim(shard_id, status=DONE)
                     self.terminal[shard_id] = DONE
+                    self._sweep_leftovers(shard_id)  # its publisher died before recording it
                     continue
                 if fsops.lexists(self.layout.failed(shard_id)):
                     self.terminal[shard_id] = FAILED
@@ -279,6 +293,7 @@ class Worker:
                 # Completed, but its owner died before recording it in the claim (P6 repair).
                 self.claims.repair_done(record, unchanged)
                 self.terminal[shard_id] = DONE
+                self._sweep_leftovers(shard_id)  # it may also have died before its sweep
                 continue
             if self.claims.take_over(record, unchanged):
                 claim = self.claims.try_claim(shard_id)
@@ -414,9 +429,11 @@ class Worker:
             )
             record = replace(record, output_rows=stats.rows, output_bytes=stats.bytes, output_sha256=stats.sha256)
             crashpoints.reached("publishing")
+            self._remove_raw(ctx.ray_output)
             if not self.claims.publish_completion(claim, completion):
                 ctx.stop("claim lost before publishing")
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
+            self._sweep_leftovers(claim.shard_id, published=claim.attempt_id)
             crashpoints.reached("published")
             self.claims.finish(claim, DONE)
             self.completed += 1
@@ -519,6 +536,9 @@ class Worker:
             fsops.replace_atomic(files["record"], encode(record))
         except OSError as exc:
             log.error("could not record the outcome of %s: %s", claim.attempt_id, exc)
+        # The log and Data-Juicer's work_dir stay for debugging; the rows it exported do not.
+        # A warm runtime may still be ending a cancelled attempt: removed again at the exit.
+        self._remove_raw(ctx.ray_output, again_at_exit=self.overlaps)
         if lost:
             log.error("%s: %s; nothing was published", claim.shard_id, error)
             return
@@ -541,6 +561,46 @@ class Worker:
             self.terminal[claim.shard_id] = FAILED
         else:
             self.claims.release(claim)
+
+    # -- raw exports --------------------------------------------------------------------------
+
+    def _remove_raw(self, ray_output: Path, again_at_exit: bool = False) -> None:
+        """Remove one of this worker's raw exports (it has been collected, or will never be)."""
+        if not remove_raw_output(ray_output) or again_at_exit:
+            self._raw_leftovers.add(ray_output)
+
+    def _sweep_leftovers(self, shard_id: str, published: str | None = None) -> None:
+        """Remove the raw exports the attempts of a completed shard left behind, and the collected
+        output of every attempt but the one its completion record names (`published`; read from
+        the record when not given: unreadable, only raw exports are removed).
+
+        Only once the completion is published: before, an attempt not yet superseded (or one newer
+        than the sweeper's) may still be collecting, and a part removed before it lists them
+        would be silently missing from an output it may still publish."""
+        if published is None:
+            try:
+                published = load(CompletionRecord, self.layout.done(shard_id)).attempt_id
+            except (JobStateError, OSError) as exc:
+                log.warning("%s: %s; only raw outputs are removed from its attempts", shard_id, exc)
+        try:
+            root = self.layout.attempts_dir(shard_id)
+            names = attempt_ids(root)
+        except OSError as exc:
+            log.warning("cannot look for what the attempts of %s left behind: %s", shard_id, exc)
+            return
+        for name in names:
+            files = attempt_files(root / name)
+            if fsops.lexists(files["ray_output"]):
+                log.info("removing the raw output %s, left behind by an attempt", files["ray_output"])
+                self._remove_raw(files["ray_output"])
+            if published is not None and name != published:
+                remove_unused_output(files["processed"])
+
+    def _remove_raw_leftovers(self) -> None:
+        leftovers, self._raw_leftovers = self._raw_leftovers, set()
+        for raw in sorted(leftovers):
+            if not remove_raw_output(raw):
+                log.warning("the raw output %s is left behind; nothing reads it, it can be removed", raw)
 
     def _attempt_env(self) -> dict[str, str]:
         env = {"PYTHONUNBUFFERED": "1"}

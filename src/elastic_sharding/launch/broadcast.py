@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
 from ..layout import JobLayout
 from ..lease import DONE, FAILED, read_claim
+from ..prepare_coop import Assistant
 from ..progress import Progress
 from ..records import Manifest, PhaseResult
 from ..signals import on_stop_signals
@@ -105,7 +106,7 @@ class _Instance:
         lease, poll, wait = opts.coordinator_lease_secs, opts.poll_interval_secs, opts.wait_timeout_secs
         try:
             self.phase = PREPARE
-            prepared = run_phase(self.gen, PREPARE, lambda: prepare_job(opts.job), lease, poll, wait)
+            prepared = run_phase(self.gen, PREPARE, lambda: prepare_job(opts.job), lease, poll, wait, Assistant(opts.job))
             self._check(prepared)
             if not self._is_mine(prepared):
                 check_same_request(opts.job)

@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..destination import check_target, inside_job, prepare_destination, refuse_foreign_output
+from ..destination import check_target, inside_job, output_form, prepare_destination, published, refuse_foreign_output
 from ..errors import ElasticShardError, UsageError
 from ..layout import JobLayout
-from ..merge import merge
+from ..merge import completed_outputs, publish, validate_outputs
 from ..prepare import PrepareRequest, preflight, prepare
 from ..recipe import recipe_and_base
 from ..records import Settings
 from ..report import Status
 from ..retry import retry
 from ..runners.process import set_parent_death_signal
-from ..verify import verify_merged, verify_shards
+from ..verify import check_hosts, verify_output
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class JobRequest:
     settings: Settings
     output: Path | None = None
     quiet: bool = False  # no progress bars on stderr (they are drawn only on a terminal anyway)
+    output_dir: bool = False  # `--output` was written with a trailing `/`: publish a directory there
+    prepare_procs: int | None = None  # processes on this node that share the prepare (default: its cores)
 
     @property
     def layout(self) -> JobLayout:
@@ -45,10 +47,15 @@ class JobRequest:
     def output_path(self) -> Path:
         return Path(os.path.abspath(self.output)) if self.output is not None else self.layout.default_output
 
+    @property
+    def output_is_dir(self) -> bool:
+        """A directory output: asked for with a trailing `/`, or `--output` is an existing directory."""
+        return self.output is not None and output_form(self.output_path, True if self.output_dir else None)[1]
+
 
 def prepare_request(req: JobRequest) -> PrepareRequest:
     config, base = recipe_and_base(req.config)
-    return PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base)
+    return PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base, req.prepare_procs)
 
 
 def preflight_job(req: JobRequest) -> None:
@@ -58,10 +65,11 @@ def preflight_job(req: JobRequest) -> None:
     fills in; an existing file there that is not this job's merge is refused."""
     preflight(prepare_request(req))
     layout = req.layout
-    output = check_target(req.output_path, layout)
-    refuse_foreign_output(output, layout)
+    directory = req.output_is_dir
+    output = check_target(req.output_path, layout, directory)
+    refuse_foreign_output(output, layout, directory)
     if not inside_job(output, layout):
-        prepare_destination(output, create_once=True)
+        prepare_destination(output, create_once=True, directory=directory)
 
 
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
@@ -104,32 +112,38 @@ class Finalized:
 
 
 def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
-    """Verify every shard and the participating hosts, merge once, verify the merged file.
+    """Check the participating hosts, merge once (which checks every shard output against its
+    record), verify the published output (a merged file, or a directory of one file per shard).
 
-    An output that already is this job's verified merge is kept (a repeated finalize is a no-op);
-    any other existing file is refused rather than overwritten.
+    An output that already is this job's verified merge is kept (a repeated finalize is a no-op;
+    every shard output is checked too); any other existing file, or non-empty directory, is
+    refused rather than overwritten.
     """
     layout = req.layout
     output = req.output_path
-    shards, hosts = verify_shards(layout, expect_nodes)
-    log.info("%d shards were completed by %d node(s): %s", shards, len(hosts), ", ".join(hosts))
-    if output.exists():
+    directory = req.output_is_dir
+    shards = completed_outputs(layout)
+    hosts = check_hosts(shards, expect_nodes)
+    log.info("%d shards were completed by %d node(s): %s", len(shards), len(hosts), ", ".join(hosts))
+    if published(output, directory):
+        trusted = validate_outputs(shards, quiet=True)
         try:
-            record = verify_merged(layout, output)
+            record = verify_output(layout, output, directory, shards, trusted)
         except ElasticShardError as exc:
             raise UsageError(
                 f"{output} already exists and is not this job's verified merge ({exc}); move it away or pass another --output"
             ) from None
         log.info("%s is already this job's verified merge", output)
     else:
+        trusted = {}
         try:
-            merge(layout.root, output, quiet=req.quiet)
+            _, trusted = publish(layout.root, output, quiet=req.quiet, directory=directory)
         except UsageError:
-            if not output.exists():
+            if not published(output, directory):
                 raise
             log.info("%s appeared while merging (another coordinator); verifying it", output)
-        record = verify_merged(layout, output)
-    return Finalized(shards, hosts, output, record.rows)
+        record = verify_output(layout, output, directory, shards, trusted)
+    return Finalized(len(shards), hosts, output, record.rows)
 
 
 def job_failure(status: Status, detail: list[str]) -> ElasticShardError:

@@ -208,11 +208,13 @@ def run_phase(
     lease: float,
     poll: float,
     wait_timeout: float,
+    assist: Callable[[], None] | None = None,
 ) -> PhaseResult:
     """Run `phase` once for the whole submission: coordinate it if elected, else wait for it.
 
     `work` returns (message, details) or raises `ElasticShardError`. Returns the published
-    result; a failed phase has also been published as the submission's abort.
+    result; a failed phase has also been published as the submission's abort. A waiting
+    instance calls `assist` at every poll: it may take part in the coordinator's work.
     """
     observer = StalenessObserver(lease)
     deadline = time.monotonic() + wait_timeout
@@ -269,6 +271,8 @@ def run_phase(
             if record is not None:
                 raise aborted(record)
             continue  # it succeeded at the last moment: read the result
+        if assist is not None:
+            assist()
         time.sleep(poll)
 
 

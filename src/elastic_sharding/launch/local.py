@@ -8,6 +8,7 @@ instead of after a lease, so the surviving workers pick its shard up immediately
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -104,6 +105,8 @@ def run_local(req: JobRequest, workers: int, runner: str) -> int:
             req.num_shards,
             workers - req.num_shards,
         )
+    if req.prepare_procs is None:
+        req = dataclasses.replace(req, prepare_procs=workers)  # the workers-to-be share the prepare
     message, _ = prepare_job(req)
     log.info("%s; starting %d local worker process(es)", message, workers)
     command = worker_command(req.layout.root, "--runner", runner, *_cpu_share(req, workers))

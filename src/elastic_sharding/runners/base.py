@@ -86,7 +86,10 @@ class Runner(Protocol):
     name: str
 
     def run(self, ctx: AttemptContext) -> None:
-        """Process ctx's shard into ctx.ray_output; raise AttemptFailed on failure."""
+        """Process ctx's shard into ctx.ray_output; raise AttemptFailed on failure. The worker
+        collects that export into processed.jsonl and then removes it, so nothing may write there
+        once `run` has returned (or raised); an attempt only begun and then cancelled is removed
+        again once the runner is closed."""
 
     def close(self) -> None:
         """Release whatever the runner keeps between attempts (called once, when the worker ends)."""
