@@ -11,6 +11,7 @@ no job directory behind.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -406,6 +407,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     existing = _check_existing(job, request, dataset, verify_content, quiet)
     if existing is not None:
         log.info("job %s is already prepared with this exact request: nothing to do", job.root)
+        _remove_finished(PrepareDir.of(job.root))
         return PrepareResult(existing, created=False)
 
     kind, root, files = _discover(dataset)
@@ -421,10 +423,19 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
             log.warning("%s", warning)
         plan = _plan(request, recipe, kind, root, files)
         pdir = PrepareDir.of(job.root)
-        plan = _open_plan(pdir, plan)
+        # A prepare of the same request that was under way may have published the job while this
+        # one read the recipe (Data-Juicer's import takes seconds): then there is nothing to join.
+        existing = _check_existing(job, request, dataset, False, quiet)
+        if existing is None:
+            plan = _open_plan(pdir, plan)
     except BaseException:
         stop_helpers(procs_started, wait_secs=0)
         raise
+    if existing is not None:
+        stop_helpers(procs_started, wait_secs=0)
+        log.info("job %s was prepared meanwhile with this exact request: nothing to do", job.root)
+        _remove_finished(pdir)
+        return PrepareResult(existing, created=False)
     log.info(
         "preparing %s: %d input file(s), %d byte(s) in %d scan unit(s), %d shard(s), %d process(es) here",
         job.root,
@@ -459,6 +470,13 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
         participants,
     )
     return PrepareResult(manifest, created=True)
+
+
+def _remove_finished(pdir: PrepareDir) -> None:
+    """What a prepare whose job is published left beside it (its final unit's owner died before
+    removing it)."""
+    if pdir.root.is_dir() and pdir.published():
+        pdir.remove()
 
 
 def usable_cores() -> int:
@@ -892,6 +910,12 @@ class UnitWork:
             prepared_by=self._participants(scans, plan.num_shards),
         )
         manifest = from_dict(Manifest, fields, "manifest")
+        # Every write unit is done: a temporary file left in shards/ is a partial shard of a writer
+        # that lost its unit (killed, or fenced and still writing to an inode nobody will link).
+        for entry in os.listdir(layout.shards_dir):
+            if entry.startswith(".") and ".tmp-" in entry:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(layout.shards_dir / entry)
         fsops.publish_once(layout.manifest, encode(manifest))
         crashpoints.reached("prepare-staged")
         if not fsops.rename_dir(self.pdir.stage, self.pdir.job_root):
