@@ -33,7 +33,6 @@ NAMES = (
     "prepare",
     "prepare_original",
     "prepare_noop",
-    "prepare_coop",
     "merge",
     "merge_dir",
     "claims",
