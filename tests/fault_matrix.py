@@ -141,11 +141,13 @@ PREPARE_POINTS = (
     "prepare-cut-done",
     "prepare-write",
     "prepare-write-done",
+    "prepare-recipe",
+    "prepare-recipe-done",
     "prepare-final",
     "prepare-final-done",
     "prepare-staged",
 )
-PREPARE_PHASES = ("scan", "cut", "write", "final")
+PREPARE_PHASES = ("scan", "cut", "write", "recipe", "final")
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
 import json, os, sys
@@ -909,7 +911,7 @@ class Harness:
             phase = rng.choice(PREPARE_PHASES)
         # Everyone starts at once, except where the phase has one unit: then the others start
         # once the victim holds it (or is dead), so that it is the victim's unit that is taken over.
-        hold = phase in ("cut", "final") and not alone
+        hold = phase in ("cut", "recipe", "final") and not alone
         victim = 0 if hold or alone else rng.randrange(count)
         helpers = [False] + [rng.random() < 0.4 for _ in range(count - 1)]  # participant 0 makes the plan
         procs = [1] + [rng.choice((1, 1, 2)) for _ in range(count - 1)]

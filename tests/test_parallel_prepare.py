@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from conftest import cli, fast_settings
 from elastic_sharding.errors import InputError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare import UNIT_BYTES_ENV, PrepareRequest, prepare
+from elastic_sharding.prepare_coop import JOIN_ENV
 
 RECIPE = "dataset_path: {dataset}\nprocess:\n  - whitespace_normalization_mapper:\n"
 INDEXED = (
@@ -167,16 +169,22 @@ def test_cooperating_participants_prepare_the_same_job(tmp_path, participants):
     assert not (tmp_path / ".job.preparing").exists()
 
 
-@pytest.mark.parametrize("point", ["prepare-scan@3", "prepare-cut", "prepare-write@2", "prepare-final", "prepare-staged"])
+@pytest.mark.parametrize(
+    "point", ["prepare-recipe", "prepare-scan@3", "prepare-cut", "prepare-write@2", "prepare-final", "prepare-staged"]
+)
 def test_a_participant_killed_in_any_phase_costs_one_unit(tmp_path, point):
     """One of two participants dies at `point`; the other takes its unit over (same host, dead
-    pid: at once) and finishes; the job is the single-process one."""
+    pid: at once) and finishes; the job is the single-process one. The victim starts the
+    prepare and takes the recipe unit first; where the point is in a phase of many units the
+    other joins once that is done, where it is in a phase of one unit, once the victim is dead
+    (else the other might take that unit first)."""
     dataset = _write(tmp_path / "d.jsonl", _rows(900))
     expected = _reference(tmp_path, dataset)
     job = tmp_path / "job"
     victim = _cli_prepare(tmp_path, dataset, job, "--prepare-procs", "1", env={"ELASTIC_SHARD_CRASH_AT": point})
+    one_unit = "@" not in point
     deadline = time.monotonic() + 60
-    while not (tmp_path / ".job.preparing" / "plan.json").exists() and victim.poll() is None:
+    while victim.poll() is None and (one_unit or not (tmp_path / ".job.preparing" / "units" / "recipe.json").exists()):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     survivor = _cli_prepare(tmp_path, dataset, job, "--prepare-procs", "1")
@@ -185,6 +193,32 @@ def test_a_participant_killed_in_any_phase_costs_one_unit(tmp_path, point):
     assert victim.returncode == -9
     assert survivor.returncode == 0, err
     assert _job_bytes(job) == expected
+
+
+def test_a_worker_started_before_the_prepare_helps_it_then_works(tmp_path):
+    """What `mpi` does: its workers start with the prepare (JOIN_ENV) and share its units while
+    the launcher's prepare judges the recipe; then they process the job as usual."""
+    dataset = _write(tmp_path / "d.jsonl", _rows(900))
+    expected = _reference(tmp_path, dataset)
+    job = tmp_path / "job"
+    env = {**os.environ, JOIN_ENV: "1", UNIT_BYTES_ENV: "4096"}
+    worker = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "fake_worker.py"), str(job)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        prepare_proc = _cli_prepare(tmp_path, dataset, job, "--prepare-procs", "1")
+        out, err = prepare_proc.communicate(timeout=120)
+        assert prepare_proc.returncode == 0, err
+        _, worker_err = worker.communicate(timeout=120)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, worker_err
+    assert _job_bytes(job) == expected
+    assert f"{socket.gethostname()}:{worker.pid}" in JobLayout(job).load_manifest().prepared_by
+    assert len(list((job / "state" / "done").glob("*.json"))) == 5
 
 
 def test_a_killed_prepare_is_resumed_by_the_next_one(tmp_path):

@@ -33,14 +33,14 @@ import orjson
 
 from . import crashpoints, fsops
 from .engine import engine_identity
-from .errors import InputError, JobStateError, UsageError
+from .errors import InputError, JobStateError, RecipeError, UsageError
 from .fingerprints import fingerprint_files, sha256_concatenated
 from .fsprobe import check_job_filesystem
 from .jsonl import HashingLineReader, Offload, check_keys, first_duplicate_key, line_too_long, parse_object
 from .layout import JobLayout
 from .normalize import RowNormalizer, SchemaNode
-from .prepare_coop import Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
-from .recipe import Recipe, dump_config, load_recipe, read_recipe
+from .prepare_coop import RECIPE, Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
+from .recipe import Recipe, dump_config, load_recipe, read_recipe, read_resolved
 from .records import (
     FORMAT_VERSION,
     ROW_KEY,
@@ -48,6 +48,7 @@ from .records import (
     Manifest,
     PrepareCuts,
     PreparePlan,
+    RecipeJudged,
     Request,
     ScanResult,
     Settings,
@@ -411,20 +412,19 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
         return PrepareResult(existing, created=False)
 
     kind, root, files = _discover(dataset)
-    total = sum(_stat(path).st_size for path in files)
+    stats = [_stat(path) for path in files]
+    units = _plan_units(files, [st.st_size for st in stats], _unit_bytes())
+    total = sum(st.st_size for st in stats)
     procs = req.procs or usable_cores()
-    units = len(_plan_units(files, [_stat(path).st_size for path in files], _unit_bytes()))
-    helpers = 0 if total < _unit_bytes() // 2 else max(0, min(procs, max(units, req.num_shards)) - 1)
-    # Helpers start now: they wait for the plan while this process imports Data-Juicer.
+    helpers = 0 if total < _unit_bytes() // 2 else max(0, min(procs, max(len(units), req.num_shards)) - 1)
+    # Helpers start now: their interpreters start while this process plans.
     procs_started = spawn_helpers(job.root, helpers) if helpers else []
     try:
-        recipe = load_recipe(config_path, base)
-        for warning in recipe.warnings:
-            log.warning("%s", warning)
-        plan = _plan(request, recipe, kind, root, files)
+        recipe = read_resolved(config_path, base)
+        plan = _plan(request, recipe, kind, root, files, stats, units, base)
         pdir = PrepareDir.of(job.root)
-        # A prepare of the same request that was under way may have published the job while this
-        # one read the recipe (Data-Juicer's import takes seconds): then there is nothing to join.
+        # A prepare of the same request that was under way may have published the job since the
+        # check above: then there is nothing to join.
         existing = _check_existing(job, request, dataset, False, quiet)
         if existing is None:
             plan = _open_plan(pdir, plan)
@@ -448,6 +448,11 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     participant = Participant(pdir, plan, UnitWork(pdir, plan), quiet=quiet)
     try:
         try:
+            # Data-Juicer's judgement of the recipe (seconds of imports) first, while the
+            # helpers and any other participant already scan.
+            participant.take_first(RECIPE)
+            for warning in recipe.warnings:
+                log.warning("%s", warning)
             participant.run(write_phase=lambda: _write_shards(participant))
         except Gone:
             if not pdir.published():
@@ -516,8 +521,16 @@ def _plan_units(paths: list[Path], sizes: list[int], unit_bytes: int) -> list[li
     return units
 
 
-def _plan(request: Request, recipe: Recipe, kind: str, root: Path, files: list[Path]) -> PreparePlan:
-    stats = [_stat(path) for path in files]
+def _plan(
+    request: Request,
+    recipe: Recipe,
+    kind: str,
+    root: Path,
+    files: list[Path],
+    stats: list[os.stat_result],
+    units: list[list[list[int | None]]],
+    recipe_base: Path,
+) -> PreparePlan:
     sizes = [st.st_size for st in stats]
     mtimes = [st.st_mtime_ns for st in stats]
     unit_bytes = _unit_bytes()
@@ -551,7 +564,7 @@ def _plan(request: Request, recipe: Recipe, kind: str, root: Path, files: list[P
         files=[str(f) for f in files],
         sizes=sizes,
         mtimes=mtimes,
-        units=_plan_units(files, sizes, unit_bytes),
+        units=units,
         unit_bytes=unit_bytes,
         base=str(root),
         media_keys=list(recipe.media_keys),
@@ -563,6 +576,7 @@ def _plan(request: Request, recipe: Recipe, kind: str, root: Path, files: list[P
         poll_secs=min(settings.poll_interval_secs, 0.2),
         manifest=manifest,
         recipe_text=recipe_bytes.decode(),
+        recipe_base=str(recipe_base),
     )
 
 
@@ -619,7 +633,7 @@ def _digits(first: int, rows: int) -> Any:
 
 
 class UnitWork:
-    """The four kinds of unit (prepare_coop) over one plan; any process can do any of them."""
+    """The five kinds of unit (prepare_coop) over one plan; any process can do any of them."""
 
     def __init__(self, pdir: PrepareDir, plan: PreparePlan):
         self.pdir = pdir
@@ -668,9 +682,11 @@ class UnitWork:
         piece_offsets: list[list[int]] = []
         unit_rows: list[int] = []
         unit_weights: list[int] = []
+        results: list[ScanResult] = []
         rows = 0
         for index, pieces in enumerate(plan.units):
             result = self._scan_result(index)
+            results.append(result)
             lines = [next_line[file] for file, _, _ in pieces]
             names = [str(self.files[file]) for file, _, _ in pieces]
 
@@ -713,7 +729,6 @@ class UnitWork:
         unit_first = [0]
         for n in unit_rows:
             unit_first.append(unit_first[-1] + n)
-        results = [self._scan_result(i) for i in range(len(plan.units))]
         for k, first in enumerate(firsts):
             end = firsts[k + 1] if k + 1 < len(firsts) else rows
             shards.append(ShardCut(first, end - first, _segments(first, end, unit_first, results)))
@@ -793,8 +808,8 @@ class UnitWork:
         with Offload() as offload:
             writer = _ShardWriter(self.stage.shards_dir / f"{shard_id}.jsonl", offload)
             try:
-                for path in self.files:
-                    _stat(path)
+                for file in sorted({plan.units[unit][piece][0] for unit, piece, *_ in cut.segments}):
+                    _stat(self.files[file])
                 for unit, piece, in_unit, in_piece, count in cut.segments:
                     file, start, _ = plan.units[unit][piece]
                     path = self.files[file]
@@ -845,6 +860,18 @@ class UnitWork:
                 raise
         rows, size, sha = spec
         return encode(ShardWritten(index, socket.gethostname(), os.getpid(), rows, size, sha))
+
+    # ---- recipe -----------------------------------------------------------------------------
+
+    def recipe(self) -> bytes:
+        """Data-Juicer's judgement of the recipe the plan was made from (its registry and config
+        parser); the final unit waits for it, so no job is published with a recipe it rejects."""
+        request = self.plan.manifest["request"]
+        recipe = load_recipe(Path(request["config_path"]), Path(self.plan.recipe_base))
+        if recipe.sha256 != request["config_sha256"]:
+            raise RecipeError(f"{recipe.source}: the recipe changed while prepare was running; run prepare again")
+        identity = engine_identity()
+        return encode(RecipeJudged(socket.gethostname(), os.getpid(), identity.data_juicer_version))
 
     # ---- final ------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """Cooperative prepare: any number of processes on any nodes share one prepare through the
 shared directory, with the claim/lease/fencing protocol of the shards.
 
-The work is a fixed list of units in four phases: scan units (byte ranges of the input), one cut
-unit (merge the scans, place the shard boundaries), one write unit per shard, one final unit
-(fingerprints, manifest, publishing the job). Each unit is claimed create-once
+The work is a fixed list of units in five phases: scan units (byte ranges of the input), one cut
+unit (merge the scans, place the shard boundaries), one write unit per shard, one recipe unit
+(Data-Juicer's judgement of the recipe: seconds of imports, so the prepare's starter takes it
+first and the others scan meanwhile), one final unit (fingerprints, manifest, publishing the job). Each unit is claimed create-once
 (`units/<unit>.lock`), kept alive by a heartbeat (`units/<unit>.beat`) and done when its result is
 published create-once (`units/<unit>.json`). A claim whose heartbeat an observer sees unchanged for
 a whole lease, on its own monotonic clock, is taken over; on the same host a claim of a dead pid is
@@ -34,13 +35,13 @@ from typing import Any, Protocol
 
 from . import crashpoints, errors, fsops
 from .errors import ElasticShardError
-from .lease import LeaseKeeper, StalenessObserver, new_token, remove_if_token
+from .lease import LeaseKeeper, StalenessObserver, new_token, read_heartbeat_file, remove_if_token
 from .progress import Progress
 from .records import PrepareFailure, PreparePlan, UnitClaim, decode, encode
 
 log = logging.getLogger(__name__)
 
-SCAN, CUT, WRITE, FINAL = "scan", "cut", "write", "final"
+SCAN, CUT, WRITE, RECIPE, FINAL = "scan", "cut", "write", "recipe", "final"
 _LABELS = {SCAN: "pass 1/2", WRITE: "pass 2/2"}
 
 
@@ -96,6 +97,7 @@ def unit_names(plan: PreparePlan) -> dict[str, list[str]]:
         SCAN: [f"scan-{i:05d}" for i in range(len(plan.units))],
         CUT: ["cut"],
         WRITE: [f"write-{i:05d}" for i in range(plan.num_shards)],
+        RECIPE: ["recipe"],
         FINAL: ["final"],
     }
 
@@ -108,6 +110,8 @@ class Work(Protocol):
     def cut(self) -> bytes: ...
 
     def write(self, index: int) -> bytes: ...
+
+    def recipe(self) -> bytes: ...
 
     def final(self) -> bytes: ...
 
@@ -176,6 +180,7 @@ class Participant:
         self._phase(SCAN, names[SCAN], lambda name: work.scan(int(name.split("-")[1])))
         self._phase(CUT, names[CUT], lambda name: work.cut())
         (write_phase or self.write_phase)()
+        self._phase(RECIPE, names[RECIPE], lambda name: work.recipe())
         self._phase(FINAL, names[FINAL], lambda name: work.final())
         if self.pdir.published():
             self.pdir.remove()
@@ -183,6 +188,16 @@ class Participant:
         while not self.pdir.published():
             self._check()
             time.sleep(self.plan.poll_secs)
+
+    def take_first(self, phase: str) -> None:
+        """Do the unit of a one-unit phase now if nobody has it (the prepare's starter does the
+        recipe unit before anything else); otherwise leave it to `run`."""
+        (name,) = unit_names(self.plan)[phase]
+        if self.pdir.result(name).exists():
+            return
+        token = self._try_claim(name)
+        if token is not None:
+            self._do(phase, name, token, lambda _name: getattr(self.work, phase)())
 
     def write_phase(self) -> None:
         work = self.work
@@ -252,12 +267,8 @@ class Participant:
     def _stale(self, name: str, claim: UnitClaim) -> bool:
         if claim.host == self.host and not _pid_alive(claim.pid):
             return True
-        path = self.pdir.beat(name)
-        try:
-            beat = fsops.read_record(path, lambda data: orjson_loads(data, path))
-        except ValueError:
-            beat = None
-        seq = beat.get("seq", 0) if isinstance(beat, dict) and beat.get("token") == claim.token else 0
+        beat = read_heartbeat_file(self.pdir.beat(name))
+        seq = beat.seq if beat is not None and beat.token == claim.token else 0
         return self.observer.is_stale(name, claim.token, seq)
 
     def _do(self, phase: str, name: str, token: str, do: Callable[[str], bytes]) -> bool:
@@ -307,15 +318,6 @@ class Participant:
         record = PrepareFailure(error=type(exc).__name__, message=str(exc), host=self.host, pid=self.pid)
         with contextlib.suppress(OSError):
             fsops.publish_once(self.pdir.failed, encode(record))
-
-
-def orjson_loads(data: bytes, path: Path) -> Any:
-    import orjson
-
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
 # ---- helper processes ---------------------------------------------------------------------
@@ -406,6 +408,31 @@ class Assistant:
             join(self.job_root)
         finally:
             stop_helpers(helpers)
+
+
+JOIN_ENV = "ELASTIC_SHARD_JOIN_PREPARE"
+
+
+def help_until_prepared(job_root: Path, procs: int | None, stop: Callable[[], bool], poll_secs: float = 0.2) -> None:
+    """For a worker started while its launcher still prepares (`mpi`): share the prepare with
+    `procs` processes (itself and helpers) as soon as its plan exists, and return once the job is
+    published. A failed prepare is the launcher's to report (it then stops the workers)."""
+    pdir = PrepareDir.of(job_root)
+    joined = False
+    while not pdir.published():
+        if stop():
+            raise errors.Interrupted("stopped while waiting for the prepare")
+        if not joined and pdir.plan.exists():
+            joined = True
+            from .prepare import usable_cores
+
+            helpers = spawn_helpers(job_root, (procs or usable_cores()) - 1)
+            try:
+                join(job_root, stop)
+            finally:
+                stop_helpers(helpers, wait_secs=0 if stop() else 30.0)
+            continue
+        time.sleep(poll_secs)
 
 
 def main(argv: list[str]) -> int:

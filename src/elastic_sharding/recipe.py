@@ -133,17 +133,27 @@ def _normalize_keys(config: dict[str, Any]) -> None:
         config.setdefault("text_keys", value)
 
 
-def load_recipe(path: Path, base: Path) -> Recipe:
-    """Read, resolve and validate a recipe (imports Data-Juicer)."""
+def read_resolved(path: Path, base: Path) -> Recipe:
+    """Read and resolve a recipe and make every check that needs no Data-Juicer: enough to plan
+    a prepare while `check_with_engine` (seconds: the engine's import) runs beside the scan."""
     config, sha = read_recipe(path)
     _normalize_keys(config)
     _resolve_paths(config, base)
     recipe = Recipe(source=path, sha256=sha, config=config, media_keys=[], index_key=None)
-    validate(recipe)
+    inspect(recipe)
     return recipe
 
 
-def validate(recipe: Recipe) -> None:
+def load_recipe(path: Path, base: Path) -> Recipe:
+    """Read, resolve and validate a recipe (imports Data-Juicer)."""
+    recipe = read_resolved(path, base)
+    check_with_engine(recipe)
+    return recipe
+
+
+def inspect(recipe: Recipe) -> None:
+    """The checks, warnings and derived fields (media keys, index key, longest line) that the
+    recipe's text alone decides."""
     config = recipe.config
     where = str(recipe.source)
     executor = config.get("executor_type", "default")
@@ -173,12 +183,32 @@ def validate(recipe: Recipe) -> None:
         if not isinstance(value, str) or not value:
             raise RecipeError(f"{where}: {key} must be a field name")
         recipe.media_keys.append(value)
-
-    registry, kinds = _operator_registry(config.get("custom_operator_paths") or [], where)
-    from data_juicer.core.executor.dag_execution_strategies import is_global_operation
-
     index_keys = set()
     for position, (name, params) in enumerate(recipe.ops):
+        if params.get("stats_export_path"):
+            raise RecipeError(
+                f"{where}: process[{position}] {name}: stats_export_path is not allowed: every shard would write the same statistics file"
+            )
+        if "skip_op_error" in params:
+            recipe.warnings.append(f"{name} sets skip_op_error: {params['skip_op_error']} explicitly")
+        if params.get("save_dir"):
+            recipe.warnings.append(
+                f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards"
+            )
+        if params.get("index_key"):
+            index_keys.add(params["index_key"])
+    if len(index_keys) > 1:
+        raise RecipeError(f"{where}: operators declare different index_key values {sorted(index_keys)}; use one")
+    recipe.index_key = index_keys.pop() if index_keys else None
+
+
+def check_with_engine(recipe: Recipe) -> None:
+    """Judge the operators by Data-Juicer's own registry and the whole recipe by its config parser."""
+    where = str(recipe.source)
+    registry, kinds = _operator_registry(recipe.config.get("custom_operator_paths") or [], where)
+    from data_juicer.core.executor.dag_execution_strategies import is_global_operation
+
+    for position, (name, _params) in enumerate(recipe.ops):
         label = f"{where}: process[{position}] {name}"
         cls = registry.get(name)
         if cls is None:
@@ -194,20 +224,7 @@ def validate(recipe: Recipe) -> None:
             raise RecipeError(f"{label}: only Mapper and Filter operators are shard-safe")
         if "ray" not in getattr(cls, "_supported_exec_modes", ("ray",)):
             raise RecipeError(f"{label}: does not support Data-Juicer's Ray executor")
-        if params.get("stats_export_path"):
-            raise RecipeError(f"{label}: stats_export_path is not allowed: every shard would write the same statistics file")
-        if "skip_op_error" in params:
-            recipe.warnings.append(f"{name} sets skip_op_error: {params['skip_op_error']} explicitly")
-        if params.get("save_dir"):
-            recipe.warnings.append(
-                f"{name} writes into a fixed save_dir {params['save_dir']}: make sure file names cannot collide across shards"
-            )
-        if params.get("index_key"):
-            index_keys.add(params["index_key"])
-    _check_with_data_juicer_parser(config, {name for name, _ in recipe.ops}, where)
-    if len(index_keys) > 1:
-        raise RecipeError(f"{where}: operators declare different index_key values {sorted(index_keys)}; use one")
-    recipe.index_key = index_keys.pop() if index_keys else None
+    _check_with_data_juicer_parser(recipe.config, {name for name, _ in recipe.ops}, where)
 
 
 def _read_block_size(config: dict[str, Any], where: str) -> int:

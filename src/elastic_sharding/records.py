@@ -429,6 +429,16 @@ class PreparePlan:
     poll_secs: float
     manifest: dict[str, Any]  # the manifest's fields known before the scan (request, recipe, engine...)
     recipe_text: str
+    recipe_base: str  # where the recipe's relative paths resolve from, for its `recipe` unit
+
+
+@dataclass
+class RecipeJudged:
+    """The `recipe` unit's result: Data-Juicer accepted the plan's recipe."""
+
+    host: str
+    pid: int
+    data_juicer_version: str | None
 
 
 @dataclass

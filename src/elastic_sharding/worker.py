@@ -45,6 +45,7 @@ from .lease import (
 )
 from .output import collect, remove_raw_output, remove_unused_output
 from .prepare import validate_settings
+from .prepare_coop import JOIN_ENV, help_until_prepared
 from .records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode, load, operator_stats
 from .runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 from .signals import on_stop_signals
@@ -644,7 +645,14 @@ class Worker:
 
 
 def run_worker(job_dir: Path, options: WorkerOptions, runner: Runner | None = None) -> int:
-    """Run a worker with SIGTERM/SIGINT meaning "drain": stop claiming, hand back the shard."""
+    """Run a worker with SIGTERM/SIGINT meaning "drain": stop claiming, hand back the shard.
+    Started with `prepare_coop.JOIN_ENV` set (by `mpi`, before its prepare ends: the number of
+    prepare processes, 0 for one per core), it first helps that prepare."""
+    if os.environ.get(JOIN_ENV):
+        stopping: list[str] = []
+        with on_stop_signals(stopping.append):
+            procs = int(os.environ[JOIN_ENV]) or None
+            help_until_prepared(Path(os.path.abspath(job_dir)), procs, lambda: bool(stopping))
     worker = Worker(job_dir, options, runner)
     with on_stop_signals(lambda name: worker.request_stop(f"received {name}")):
         return worker.run()

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import EXIT_OK, Interrupted, UsageError
+from ..prepare_coop import JOIN_ENV
 from ..report import Status
 from ..signals import on_stop_signals
 from .common import JobRequest, finalize, job_failure, preflight_job, prepare_job, worker_command, worker_env
@@ -22,7 +23,16 @@ from .common import JobRequest, finalize, job_failure, preflight_job, prepare_jo
 log = logging.getLogger(__name__)
 
 DLC_HOSTFILE = Path("/etc/mpi/hostfile")
-FORWARDED_ENV = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "HF_HOME", "HF_ENDPOINT", "CUDA_VISIBLE_DEVICES")
+FORWARDED_ENV = (
+    JOIN_ENV,
+    "PATH",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "XDG_CACHE_HOME",
+    "HF_HOME",
+    "HF_ENDPOINT",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 def hostfile_hosts(path: Path) -> list[str]:
@@ -85,12 +95,20 @@ def run_mpi(
         raise UsageError(f"{mpirun!r} not found; install OpenMPI (e.g. apt-get install openmpi-bin) or pass --mpirun PATH")
     preflight_job(req)
 
-    message, _ = prepare_job(req)
+    # The workers start before the prepare and share it (prepare_coop.help_until_prepared):
+    # prepare time falls with the number of nodes, not only with this node's cores.
     options = ["--runner", runner] + (["--max-shards", str(max_shards)] if max_shards else [])
-    env = worker_env()
+    env = {**worker_env(), JOIN_ENV: str(req.prepare_procs or 0)}
     command = mpirun_command(mpirun, np, hostfile, mpirun_args, worker_command(req.layout.root, *options), env)
-    log.info("%s; starting %d worker(s), one per node: %s", message, np, " ".join(command))
+    log.info("starting %d worker(s), one per node, to share the prepare and then run: %s", np, " ".join(command))
     proc = subprocess.Popen(command, env=env)
+    try:
+        message, _ = prepare_job(req)
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)  # the workers stop waiting for a job that will not come
+        proc.wait()
+        raise
+    log.info("%s", message)
     interrupted: list[str] = []
 
     def on_signal(name: str) -> None:
