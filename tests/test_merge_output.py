@@ -244,6 +244,24 @@ def test_a_corrupt_shard_leaves_an_earlier_directory_output_untouched(job, tmp_p
     assert after.keys() == before.keys() and hidden_leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("form", ["file", "directory"])
+def test_a_completion_record_whose_row_count_was_changed_is_refused(job, tmp_path, form):
+    """The record's sha256 still matches its output: only the row count read with it tells
+    (found by the fault matrix's corrupt kind, seed 26)."""
+    layout = JobLayout(job)
+    done = records(job)[1]
+    path = layout.done(done["shard_id"])
+    path.write_bytes(orjson.dumps({**done, "output_rows": done["output_rows"] + 1}))
+    out = tmp_path / ("out/" if form == "directory" else "merged.jsonl")
+    rows = f"rows {done['output_rows']} vs {done['output_rows'] + 1}"
+    with pytest.raises(IntegrityError, match=f"{done['shard_id']}: output .* does not match its completion record \\({rows}"):
+        merge(job, str(out), quiet=True)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "merged.jsonl").exists()
+    assert hidden_leftovers(tmp_path) == []
+    with pytest.raises(IntegrityError, match=done["shard_id"]):
+        verify(job)
+
+
 def test_a_merge_killed_while_publishing_leaves_only_a_hidden_staging_directory(job, tmp_path):
     out = tmp_path / "out"
     proc = cli("merge", "--job-dir", str(job), "--output", f"{out}/", env={"ELASTIC_SHARD_CRASH_AT": "merging@2"})

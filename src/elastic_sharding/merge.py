@@ -46,6 +46,7 @@ from .jsonl import BLOCK_SIZE
 from .layout import JobLayout, attempt_files
 from .merge_copy import (
     COPY_CHUNK,
+    Content,
     DestinationError,
     Identity,
     OrderedHasher,
@@ -176,8 +177,12 @@ def _guarded(source: Source, work: Callable[[], Any]) -> Any:
         raise _source_error(source.record, source.path, exc) from None
 
 
-def _check_digest(source: Source, digest: str) -> None:
-    if digest != source.record.output_sha256:
+def _recorded(record: CompletionRecord) -> Content:
+    return Content(record.output_sha256, record.output_rows)
+
+
+def _check_digest(source: Source, content: Content) -> None:
+    if content != _recorded(source.record):
         _explain_mismatch(source.record, source.path)
 
 
@@ -308,12 +313,12 @@ def _write_merged(sources: list[Source], output: Path, overwrite: bool, quiet: b
     ):
         fd = out.file.fileno()
         copies = _start_copies(sources, fd, block, stop, pool)
-        digests: list[Future[str] | None] = [None] * len(sources)
+        digests: list[Future[Content] | None] = [None] * len(sources)
         hash_failure: tuple[int, BaseException] | None = None
 
-        def on_file(index: int, digest: Future[str]) -> None:
+        def on_file(index: int, digest: Future[Content]) -> None:
             digests[index] = digest
-            expected = sources[index].record.output_sha256
+            expected = _recorded(sources[index].record)
             digest.add_done_callback(lambda done: stop.set() if done.exception() or done.result() != expected else None)
             progress.update(0, sources[index].record.output_rows)
 
@@ -377,7 +382,7 @@ def _start_copies(
 
 def _raise_first_failure(
     sources: list[Source],
-    digests: list[Future[str] | None],
+    digests: list[Future[Content] | None],
     hash_failure: tuple[int, BaseException] | None,
     copies: list[Future[None]],
     output: Path,
@@ -392,7 +397,7 @@ def _raise_first_failure(
             error = digest.exception()
             if error is not None:
                 problems.setdefault(index, error)
-            elif digest.result() != sources[index].record.output_sha256:
+            elif digest.result() != _recorded(sources[index].record):
                 problems.setdefault(index, "mismatch")
     if problems:
         index = min(problems)
@@ -433,7 +438,7 @@ def _publish_directory(
                 name = part_name(record.shard_id) if source.identity.size else None
                 linked = False
                 if name is None:
-                    _check_digest(source, EMPTY_SHA256)  # no rows: no file (an empty one trips up some readers)
+                    _check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file (an empty one trips up some readers)
                 else:
                     _check_digest(source, _guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
                     try:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from . import fsops
 
@@ -106,23 +106,32 @@ def _read_into(fd: int, view: memoryview, path: Path) -> int:
         raise SourceError(exc) from None
 
 
-def hash_file(path: Path, expected: Identity, block_size: int, stop: threading.Event | None = None) -> str:
-    """sha256 of `path` (still `expected`), read once in `block_size` blocks."""
+class Content(NamedTuple):
+    """What one read of a shard output proves: its sha256 and its rows (newlines), the two
+    facts of its completion record that a changed record could contradict."""
+
+    sha256: str
+    rows: int
+
+
+def hash_file(path: Path, expected: Identity, block_size: int, stop: threading.Event | None = None) -> Content:
+    """sha256 and rows of `path` (still `expected`), read once in `block_size` blocks."""
     fd = open_source(path, expected)
     try:
         digest = hashlib.sha256()
         buffer = bytearray(block_size)
         view = memoryview(buffer)
-        size = 0
+        size = rows = 0
         while n := _read_into(fd, view, path):
             if stop is not None and stop.is_set():
                 raise Stopped
             digest.update(view[:n])
+            rows += buffer.count(b"\n", 0, n)
             size += n
         check_same(fd, path, expected)
         if size != expected.size:
             raise SourceError(f"{path} changed while it was being merged")
-        return digest.hexdigest()
+        return Content(digest.hexdigest(), rows)
     finally:
         os.close(fd)
 
@@ -141,8 +150,8 @@ class OrderedHasher:
         self.failed_at = -1  # the file being read when `run` raised
         self._first = True
 
-    def run(self, files: Sequence[tuple[Path, Identity]], on_file: Callable[[int, Future[str]], None]) -> str:
-        """Hash every file in order; `on_file(i, future)` gets each file's own hex digest (a
+    def run(self, files: Sequence[tuple[Path, Identity]], on_file: Callable[[int, Future[Content]], None]) -> str:
+        """Hash every file in order; `on_file(i, future)` gets each file's own digest and rows (a
         future of the helper thread, resolved in file order). Returns the concatenation's digest."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-hash") as helper:
             buffers = [bytearray(self.block_size) for _ in range(RING)]
@@ -158,9 +167,18 @@ class OrderedHasher:
 
     def _one(
         self, helper: ThreadPoolExecutor, buffers: list[bytearray], busy: deque, path: Path, expected: Identity
-    ) -> Future[str]:
+    ) -> Future[Content]:
+        """This thread feeds the concatenation's digest; the helper counts the rows and feeds
+        the file's own digest (except for the first file, whose digest is the concatenation's)."""
         first, self._first = self._first, False
         own = self.whole if first else hashlib.sha256()
+        rows = [0]
+
+        def feed(buffer: bytearray, n: int) -> None:
+            if not first:
+                own.update(memoryview(buffer)[:n])
+            rows[0] += buffer.count(b"\n", 0, n)
+
         fd = open_source(path, expected)
         try:
             size = 0
@@ -176,12 +194,8 @@ class OrderedHasher:
                 n = _read_into(fd, view, path)
                 if not n:
                     break
-                block = view[:n]
-                if first:
-                    own.update(block)
-                else:
-                    busy[slot] = helper.submit(own.update, block)
-                    self.whole.update(block)
+                busy[slot] = helper.submit(feed, buffers[slot], n)
+                self.whole.update(view[:n])
                 size += n
                 self.on_block(n)
                 slot = (slot + 1) % RING
@@ -191,10 +205,9 @@ class OrderedHasher:
         finally:
             os.close(fd)
         if first:
-            done: Future[str] = Future()
-            done.set_result(own.hexdigest())  # `own` is `whole`, which goes on with the next file
-            return done
-        return helper.submit(own.hexdigest)
+            digest = own.hexdigest()  # `own` is `whole`, which goes on with the next file
+            return helper.submit(lambda: Content(digest, rows[0]))
+        return helper.submit(lambda: Content(own.hexdigest(), rows[0]))
 
 
 class DestinationError(Exception):

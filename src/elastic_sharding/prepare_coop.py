@@ -4,7 +4,8 @@ shared directory, with the claim/lease/fencing protocol of the shards.
 The work is a fixed list of units in five phases: scan units (byte ranges of the input), one cut
 unit (merge the scans, place the shard boundaries), one write unit per shard, one recipe unit
 (Data-Juicer's judgement of the recipe: seconds of imports, so the prepare's starter takes it
-first and the others scan meanwhile), one final unit (fingerprints, manifest, publishing the job). Each unit is claimed create-once
+first and the others scan meanwhile), one final unit (fingerprints, manifest, publishing the
+job). Each unit is claimed create-once
 (`units/<unit>.lock`), kept alive by a heartbeat (`units/<unit>.beat`) and done when its result is
 published create-once (`units/<unit>.json`). A claim whose heartbeat an observer sees unchanged for
 a whole lease, on its own monotonic clock, is taken over; on the same host a claim of a dead pid is

@@ -68,7 +68,7 @@ def verify_merged(layout: JobLayout, target: Path) -> PublishRecord:
     merged = _merge_record(layout, target, "file")
     try:
         identity = identify(target)
-        sha256 = hash_file(target, identity, BLOCK_SIZE) if identity.size == merged.bytes else None
+        sha256 = hash_file(target, identity, BLOCK_SIZE).sha256 if identity.size == merged.bytes else None
     except FileNotFoundError:
         raise JobStateError(f"{target}: merged output does not exist; run merge") from None
     except SourceError as exc:
@@ -160,15 +160,17 @@ def _check_files(target: Path, index: OutputIndex, trusted: Trusted) -> None:
             known = trusted.get((identity.dev, identity.ino))
             if known is not None and known == (identity.size, identity.mtime_ns, entry.sha256):
                 return  # the very shard output just checked against its record
-            sha256 = hash_file(path, identity, BLOCK_SIZE, stop)
+            content = hash_file(path, identity, BLOCK_SIZE, stop)
         except FileNotFoundError:
             raise IntegrityError(f"{path}: missing (listed in {target / INDEX_NAME})") from None
         except SourceError as exc:
             raise IntegrityError(f"{path}: {exc.cause}") from None
         except OSError as exc:
             raise IntegrityError(f"{path}: {exc}") from None
-        if sha256 != entry.sha256:
-            raise IntegrityError(f"{path}: does not match {INDEX_NAME} (sha256 {sha256[:12]} vs {entry.sha256[:12]})")
+        if content.sha256 != entry.sha256:
+            raise IntegrityError(f"{path}: does not match {INDEX_NAME} (sha256 {content.sha256[:12]} vs {entry.sha256[:12]})")
+        if content.rows != entry.rows:
+            raise IntegrityError(f"{path}: does not match {INDEX_NAME} (rows {content.rows} vs {entry.rows})")
 
     stop = threading.Event()
     with ThreadPoolExecutor(thread_count(len(entries)), thread_name_prefix="elastic-verify") as pool:
