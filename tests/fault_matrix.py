@@ -947,7 +947,8 @@ class Harness:
                 with contextlib.suppress(ProcessLookupError):
                     target.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
                     stopped = fault == "stop"
-        # A helper that comes after the job is published has no prepare to join: it exits 1.
+        # A helper that comes after the job is published exits 0 (seed 27, trial 135: the victim had
+        # published it before dying at prepare-final-done); one that finds no prepare at all exits 1.
         finished = target.returncode == 0
         started += [start(i) for i in range(len(started), count)]
         if stopped:

@@ -170,7 +170,7 @@ def test_cooperating_participants_prepare_the_same_job(tmp_path, participants):
 
 
 @pytest.mark.parametrize(
-    "point", ["prepare-recipe", "prepare-scan@3", "prepare-cut", "prepare-write@2", "prepare-final", "prepare-staged"]
+    "point", ["prepare-recipe", "prepare-scan@3", "prepare-cut", "prepare-write@1", "prepare-final", "prepare-staged"]
 )
 def test_a_participant_killed_in_any_phase_costs_one_unit(tmp_path, point):
     """One of two participants dies at `point`; the other takes its unit over (same host, dead

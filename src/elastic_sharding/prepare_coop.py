@@ -358,8 +358,9 @@ def stop_helpers(procs: list[subprocess.Popen[bytes]], wait_secs: float = 30.0) 
 
 def join(job_root: Path, stop: Callable[[], bool] = lambda: False, wait_secs: float = 0.0) -> bool:
     """Take part in the prepare of `job_root` that another process started (waiting up to
-    `wait_secs` for its plan). True if this process helped to the end; False if there was no
-    prepare to join or it failed (whoever reported the failure makes the command fail)."""
+    `wait_secs` for its plan). True once the job is published (also when it already was, which
+    a helper started late finds); False if there was no prepare to join or it failed (whoever
+    reported the failure makes the command fail)."""
     from .prepare import UnitWork
 
     pdir = PrepareDir.of(job_root)
@@ -371,7 +372,9 @@ def join(job_root: Path, stop: Callable[[], bool] = lambda: False, wait_secs: fl
             plan = None
         if plan is not None:
             break
-        if pdir.published() or time.monotonic() >= deadline or stop():
+        if pdir.published():
+            return True
+        if time.monotonic() >= deadline or stop():
             return False
         time.sleep(0.05)
     try:
