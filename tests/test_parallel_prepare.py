@@ -175,16 +175,16 @@ def test_cooperating_participants_prepare_the_same_job(tmp_path, participants):
 def test_a_participant_killed_in_any_phase_costs_one_unit(tmp_path, point):
     """One of two participants dies at `point`; the other takes its unit over (same host, dead
     pid: at once) and finishes; the job is the single-process one. The victim starts the
-    prepare and takes the recipe unit first; where the point is in a phase of many units the
-    other joins once that is done, where it is in a phase of one unit, once the victim is dead
-    (else the other might take that unit first)."""
+    prepare and takes the recipe unit first; where the point is among the many scan units the
+    other joins once that is done; elsewhere, once the victim is dead (else the other might take
+    every unit of the phase first: a write point's five units went to the other in CI)."""
     dataset = _write(tmp_path / "d.jsonl", _rows(900))
     expected = _reference(tmp_path, dataset)
     job = tmp_path / "job"
     victim = _cli_prepare(tmp_path, dataset, job, "--prepare-procs", "1", env={"ELASTIC_SHARD_CRASH_AT": point})
-    one_unit = "@" not in point
+    after_death = not point.startswith("prepare-scan")
     deadline = time.monotonic() + 60
-    while victim.poll() is None and (one_unit or not (tmp_path / ".job.preparing" / "units" / "recipe.json").exists()):
+    while victim.poll() is None and (after_death or not (tmp_path / ".job.preparing" / "units" / "recipe.json").exists()):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     survivor = _cli_prepare(tmp_path, dataset, job, "--prepare-procs", "1")
