@@ -34,7 +34,7 @@ from bench_measures import (
     measure_warm_ops,
 )
 
-from elastic_sharding.runners import RUNNERS
+from elastic_sharding.work.runners import RUNNERS
 
 DEFAULT = Sizes(
     rows=100_000,

@@ -71,9 +71,9 @@ def _write_dataset(path: Path, total_bytes: int) -> None:
 
 def build_job(workdir: Path, total_mb: float) -> Path:
     """A finished job of `SHARDS` shards, about `total_mb` MB of outputs; reused when already built."""
-    from elastic_sharding.prepare import PrepareRequest, prepare
+    from elastic_sharding.prepare.job import PrepareRequest, prepare
     from elastic_sharding.records import Settings
-    from elastic_sharding.worker import Worker, WorkerOptions
+    from elastic_sharding.work.worker import Worker, WorkerOptions
 
     job = workdir / f"job-{int(total_mb)}mb"
     if (job / "built").exists():
@@ -96,8 +96,8 @@ def build_job(workdir: Path, total_mb: float) -> Path:
 
 
 def shard_outputs(job: Path) -> list[Path]:
+    from elastic_sharding.finish.merge import completed_outputs
     from elastic_sharding.layout import JobLayout
-    from elastic_sharding.merge import completed_outputs
 
     return [path for _, path in completed_outputs(JobLayout(job))]
 
@@ -123,7 +123,7 @@ def measure_merge(workdir: Path, total_mb: float, repeats: int = 3) -> dict[str,
     """Median seconds of `cat`, `merge` to a file and `merge` to a directory over `repeats` interleaved runs."""
     import logging
 
-    from elastic_sharding.merge import merge
+    from elastic_sharding.finish.merge import merge
 
     logging.getLogger("elastic_sharding").setLevel(logging.WARNING)
     workdir = Path(workdir)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from elastic_sharding.cli import setup_logging
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.runners import AttemptContext
-from elastic_sharding.worker import WorkerOptions, run_worker
+from elastic_sharding.work.runners import AttemptContext
+from elastic_sharding.work.worker import WorkerOptions, run_worker
 
 
 class PassthroughRunner:

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from elastic_sharding.prepare import PrepareRequest, prepare
+from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.records import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def done_job(make_job) -> Path:
     """A finished two-shard job (fake runner)."""
     from fakes import FakeRunner
 
-    from elastic_sharding.worker import Worker, WorkerOptions
+    from elastic_sharding.work.worker import Worker, WorkerOptions
 
     job = make_job(rows=20, shards=2)
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0

@@ -18,14 +18,14 @@ from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
 import elastic_sharding.launch.local  # noqa: E402
 import elastic_sharding.launch.mpi  # noqa: E402
-import elastic_sharding.worker  # noqa: E402
+import elastic_sharding.work.worker  # noqa: E402
 from elastic_sharding.cli import main  # noqa: E402
 from elastic_sharding.launch.two_node import with_two_node_defaults  # noqa: E402
 
 failing = set(filter(None, os.environ.get("FAKE_FAIL_SHARDS", "").split(",")))
 delay = float(os.environ.get("FAKE_DELAY", "0"))
 keep = fake_recipe_keep if os.environ.get("FAKE_KEEP_MOD7") else None
-elastic_sharding.worker.get_runner = lambda name, runtime=None: FakeRunner(
+elastic_sharding.work.worker.get_runner = lambda name, runtime=None: FakeRunner(
     delay=delay, fail=lambda shard: shard in failing, keep=keep
 )
 

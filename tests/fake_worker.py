@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
-import elastic_sharding.worker  # noqa: E402
+import elastic_sharding.work.worker  # noqa: E402
 from elastic_sharding.cli import main  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -23,7 +23,7 @@ parser.add_argument("--fail-shard", action="append", default=[])
 parser.add_argument("--keep-fake-recipe", action="store_true", help="drop rows as fakes.fake_recipe_keep says")
 args, worker_flags = parser.parse_known_args()
 keep = fake_recipe_keep if args.keep_fake_recipe else None
-elastic_sharding.worker.get_runner = lambda name, runtime=None: FakeRunner(
+elastic_sharding.work.worker.get_runner = lambda name, runtime=None: FakeRunner(
     delay=args.delay, fail=lambda shard: shard in args.fail_shard, keep=keep
 )
 sys.exit(main(["worker", "--job-dir", str(args.job_dir), *worker_flags]))

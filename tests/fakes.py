@@ -16,7 +16,7 @@ import yaml
 
 from elastic_sharding import crashpoints
 from elastic_sharding.errors import AttemptFailed
-from elastic_sharding.runners import AttemptContext
+from elastic_sharding.work.runners import AttemptContext
 
 
 def fake_recipe_keep(row: dict) -> bool:

@@ -73,11 +73,11 @@ from conftest import SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
 from e2e_support import processes_with  # noqa: E402
 from fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 
+from elastic_sharding.finish.merge import merge  # noqa: E402
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
-from elastic_sharding.merge import merge  # noqa: E402
-from elastic_sharding.prepare import UNIT_BYTES_ENV, PrepareRequest, prepare  # noqa: E402
+from elastic_sharding.prepare.job import UNIT_BYTES_ENV, PrepareRequest, prepare  # noqa: E402
 from elastic_sharding.records import Settings  # noqa: E402
-from elastic_sharding.worker import Worker, WorkerOptions  # noqa: E402
+from elastic_sharding.work.worker import Worker, WorkerOptions  # noqa: E402
 
 PY = sys.executable
 LEASE, HEARTBEAT, POLL = 3.0, 0.3, 0.2
@@ -863,7 +863,7 @@ class Harness:
         """`prepare` of the trial's request, or the helper that joins the prepare under way."""
         ref = self.prepare_reference()
         if helper:
-            argv = [PY, "-m", "elastic_sharding.prepare_coop", str(job)]
+            argv = [PY, "-m", "elastic_sharding.prepare.cooperate", str(job)]
         else:
             argv = [
                 PY, "-m", "elastic_sharding", "prepare", "--config", str(ref.recipe), "--job-dir", str(job),

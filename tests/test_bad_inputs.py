@@ -21,8 +21,8 @@ from conftest import SIMPLE_RECIPE
 
 import elastic_sharding
 from elastic_sharding.errors import InputError
-from elastic_sharding.jsonl import HashingLineReader
-from elastic_sharding.recipe import DEFAULT_READ_BLOCK_SIZE
+from elastic_sharding.prepare.jsonl import HashingLineReader
+from elastic_sharding.prepare.recipe import DEFAULT_READ_BLOCK_SIZE
 
 GOOD = b'{"text": "hello world"}\n{"text": "second row"}\n'
 # A recipe whose engine reads blocks of 1000 bytes: lines over 1000 bytes are refused.
@@ -324,7 +324,7 @@ def test_bad_locations_and_parameters(tmp_path, run_cli):
 
 
 def test_dataset_disappearing_between_passes(tmp_path, run_cli, monkeypatch):
-    import elastic_sharding.prepare as prep
+    import elastic_sharding.prepare.job as prep
 
     data = _dir(tmp_path / "data", {"a.jsonl": GOOD, "b.jsonl": GOOD})
     recipe = tmp_path / "recipe.yaml"

@@ -9,8 +9,8 @@ import time
 
 from fakes import FakeRunner
 
-from elastic_sharding.lease import Claims
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.claims.lease import Claims
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 
 def _records(job) -> list[dict]:

@@ -9,16 +9,16 @@ import time
 
 from fakes import FakeRunner
 
+from elastic_sharding.claims.lease import Claims, HeartbeatThread, count_failures, read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.lease import Claims, HeartbeatThread, count_failures, read_claim
 from elastic_sharding.records import CompletionRecord
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 RACER = r"""
 import json, sys, time
 from pathlib import Path
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.lease import Claims
+from elastic_sharding.claims.lease import Claims
 job, go, index = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 layout = JobLayout(job)
 ids = [s.shard_id for s in layout.load_manifest().shards]
@@ -134,7 +134,7 @@ def test_finished_shard_stays_done_even_without_its_done_record(make_job):
 
 
 def test_attempt_ids_are_safe_path_names_for_any_hostname():
-    from elastic_sharding.lease import new_attempt_id, new_token
+    from elastic_sharding.claims.lease import new_attempt_id, new_token
     from elastic_sharding.records import ATTEMPT_ID_RE
 
     for host in ["node-a", "节点", "a b/../c", "x" * 300, ""]:

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from e2e_support import DEMO_RECIPE, DLC_JOB, SHARD_JOB
 
-from elastic_sharding.runners import DEFAULT_RUNNER
+from elastic_sharding.work.runners import DEFAULT_RUNNER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

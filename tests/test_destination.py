@@ -22,7 +22,7 @@ from test_bad_inputs import _unprivileged_prefix
 
 import elastic_sharding
 from elastic_sharding import fsops
-from elastic_sharding.launch.coordination import coordination_root
+from elastic_sharding.launch.submission import coordination_root
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
 

@@ -14,9 +14,9 @@ import orjson
 from conftest import TESTS, cli, sample_rows
 from fakes import FakeRunner
 
+from elastic_sharding.claims.lease import read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.lease import read_claim
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 SHARD = "part-00000-of-00001"
 

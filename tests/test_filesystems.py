@@ -27,7 +27,7 @@ from test_destination import launcher_args
 
 from elastic_sharding import fsops, fsprobe
 from elastic_sharding.errors import UnsuitableFilesystem
-from elastic_sharding.launch.coordination import coordination_root
+from elastic_sharding.launch.submission import coordination_root
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
 launch = test_destination.launch  # the fixture that runs launchers with the fake runner

@@ -19,11 +19,11 @@ import pytest
 from conftest import REPO, TESTS, cli, sample_rows
 from fakes import FakeRunner
 
+from elastic_sharding.claims.lease import read_claim
 from elastic_sharding.errors import AttemptFailed
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.lease import read_claim
-from elastic_sharding.output import remove_raw_output
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.collect import remove_raw_output
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 sys.path.insert(0, str(REPO / "bench"))
 from jobdir_measure import job_dir_breakdown, job_dir_bytes  # noqa: E402

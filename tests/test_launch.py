@@ -14,11 +14,11 @@ import pytest
 from conftest import TESTS, sample_rows, write_jsonl
 
 from elastic_sharding.errors import UsageError
-from elastic_sharding.launch.broadcast import strict_claim_cap
-from elastic_sharding.launch.coordination import Generation, coordination_root, resolve_run_id
+from elastic_sharding.launch.dlc import strict_claim_cap
+from elastic_sharding.launch.submission import Generation, coordination_root, resolve_run_id
 from elastic_sharding.launch.two_node import with_two_node_defaults
+from elastic_sharding.observe.status import Status
 from elastic_sharding.records import Outcome, PhaseLock, decode, encode
-from elastic_sharding.report import Status
 
 # -- strict participation mode -------------------------------------------------------------------
 
@@ -283,10 +283,10 @@ def test_local_launcher_hands_back_the_claims_of_a_worker_it_saw_die(make_job):
     """The local launcher reaped the worker, so it knows the owner is dead: no lease to wait."""
     from test_faults import fake_worker, wait_for
 
-    from elastic_sharding.launch.common import JobRequest
+    from elastic_sharding.claims.lease import read_claim
     from elastic_sharding.launch.local import _release_claims_of
+    from elastic_sharding.launch.steps import JobRequest
     from elastic_sharding.layout import JobLayout, attempt_files
-    from elastic_sharding.lease import read_claim
     from elastic_sharding.records import SupersededRecord
 
     job = make_job(rows=10, shards=2, lock_timeout_secs=3600)
@@ -360,8 +360,8 @@ def test_sigterm_drains_an_instance_without_failing_the_submission(tmp_path, dlc
 
     from test_faults import wait_for
 
+    from elastic_sharding.claims.lease import read_claim
     from elastic_sharding.layout import JobLayout
-    from elastic_sharding.lease import read_claim
 
     job, _, args = dlc_job
     proc = dlc_instance(tmp_path, "instance-0", *args("run-1"), env={"FAKE_DELAY": "60"})

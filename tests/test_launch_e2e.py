@@ -15,7 +15,7 @@ import pytest
 from conftest import TESTS, write_jsonl
 from e2e_support import DLC_JOB, TWO_NODE, needs_unshare, read_log, run_script, start_node, wait_all
 
-from elastic_sharding.launch.coordination import Generation
+from elastic_sharding.launch.submission import Generation
 
 pytestmark = pytest.mark.e2e
 

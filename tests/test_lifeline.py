@@ -15,11 +15,11 @@ from conftest import REPO
 # grandchild in its group (as Ray's helpers are), reports both pids, then waits to be killed.
 WORKER = r"""
 import os, subprocess, sys, time
-from elastic_sharding.runners.lifeline import Lifeline
-from elastic_sharding.runners.process import child_env
+from elastic_sharding.work.runners.lifeline import Lifeline
+from elastic_sharding.work.runners.process import child_env
 CHILD = (
     "import subprocess, sys, time\n"
-    "from elastic_sharding.runners.lifeline import hold_group\n"
+    "from elastic_sharding.work.runners.lifeline import hold_group\n"
     "hold_group()\n"
     "grandchild = subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL)\n"
     "print(grandchild.pid, flush=True)\n"

@@ -17,14 +17,15 @@ from conftest import cli, refused, snapshot
 from fakes import FakeRunner
 from test_destination import launch, launcher_args  # noqa: F401 - `launch` is a fixture
 
-import elastic_sharding.merge as merge_mod
-from elastic_sharding import destination, merge_copy
+import elastic_sharding.finish.merge as merge_mod
+from elastic_sharding import destination
 from elastic_sharding.destination import INDEX_NAME
 from elastic_sharding.errors import IntegrityError, UsageError
+from elastic_sharding.finish import parallel_copy
+from elastic_sharding.finish.merge import merge
+from elastic_sharding.finish.verify import verify
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.merge import merge
-from elastic_sharding.verify import verify
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
 
@@ -183,20 +184,20 @@ def test_copy_range_copies_at_offsets_and_reports_which_side_failed(tmp_path, mo
     source.write_bytes(b"0123456789")
     fd, out = os.open(source, os.O_RDONLY), os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT)
     try:
-        assert merge_copy.copy_range(fd, out, 4, 3, 6, 2) in (True, False)
-        assert merge_copy.copy_range(fd, out, 3, 0, 0, 2) in (True, False)
+        assert parallel_copy.copy_range(fd, out, 4, 3, 6, 2) in (True, False)
+        assert parallel_copy.copy_range(fd, out, 3, 0, 0, 2) in (True, False)
         assert os.pread(out, 10, 0) == b"012" + bytes(3) + b"3456"
-        merge_copy.start_writeback(out, 0, 10)  # best effort, never an error
+        parallel_copy.start_writeback(out, 0, 10)  # best effort, never an error
         reader, writer = os.pipe()
-        merge_copy.start_writeback(writer, 0, 10)
+        parallel_copy.start_writeback(writer, 0, 10)
         os.close(reader)
         os.close(writer)
         monkeypatch.setattr(os, "copy_file_range", lambda *a: 0)
-        with pytest.raises(merge_copy.SourceError, match="ended before"):
-            merge_copy.copy_range(fd, out, 20, 0, 0, 4)
+        with pytest.raises(parallel_copy.SourceError, match="ended before"):
+            parallel_copy.copy_range(fd, out, 20, 0, 0, 4)
         monkeypatch.setattr(os, "pwrite", raising(errno.ENOSPC))
-        with pytest.raises(merge_copy.DestinationError):
-            merge_copy.copy_range(fd, out, 4, 0, 0, 4)
+        with pytest.raises(parallel_copy.DestinationError):
+            parallel_copy.copy_range(fd, out, 4, 0, 0, 4)
     finally:
         os.close(fd)
         os.close(out)
@@ -219,7 +220,7 @@ def test_a_failure_mid_publish_leaves_no_directory(job, tmp_path, monkeypatch):
 
     def fails_on_the_last_shard(source, identity, target, block, stop=None):
         if "part-00003" in target.name:
-            raise merge_copy.DestinationError(OSError(errno.EIO, os.strerror(errno.EIO)))
+            raise parallel_copy.DestinationError(OSError(errno.EIO, os.strerror(errno.EIO)))
         return real(source, identity, target, block, stop)
 
     monkeypatch.setattr(merge_mod, "link_or_copy", fails_on_the_last_shard)

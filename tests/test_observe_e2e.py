@@ -13,8 +13,8 @@ from conftest import STATUS_SCHEMA
 from e2e_support import SHARD_JOB, needs_unshare, prepare_demo, shard_job, start_node, wait_all
 from jsonschema import Draft202012Validator
 
-from elastic_sharding.report import Status
-from elastic_sharding.timeline import write_report
+from elastic_sharding.observe.html_report import write_report
+from elastic_sharding.observe.status import Status
 
 pytestmark = pytest.mark.e2e
 

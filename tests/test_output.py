@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from elastic_sharding.errors import AttemptFailed
-from elastic_sharding.output import collect
+from elastic_sharding.work.collect import collect
 
 
 def parts(tmp_path: Path, *contents: bytes) -> Path:

@@ -21,8 +21,8 @@ from conftest import cli, fast_settings
 
 from elastic_sharding.errors import InputError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.prepare import UNIT_BYTES_ENV, PrepareRequest, prepare
-from elastic_sharding.prepare_coop import JOIN_ENV
+from elastic_sharding.prepare.cooperate import JOIN_ENV
+from elastic_sharding.prepare.job import UNIT_BYTES_ENV, PrepareRequest, prepare
 
 RECIPE = "dataset_path: {dataset}\nprocess:\n  - whitespace_normalization_mapper:\n"
 INDEXED = (

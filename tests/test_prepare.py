@@ -13,7 +13,7 @@ from conftest import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
 
 from elastic_sharding.errors import InputError, JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.prepare import PrepareRequest, prepare
+from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.records import ROW_KEY
 
 
@@ -200,7 +200,7 @@ def test_every_file_of_a_directory_input_is_hashed_again(tmp_path, recipe_file, 
 
 
 def test_sha256_files_hashes_many_files_at_once_in_order(tmp_path):
-    from elastic_sharding.fingerprints import READ_SIZE, sha256_files
+    from elastic_sharding.prepare.fingerprints import READ_SIZE, sha256_files
 
     paths = []
     for i in range(9):
@@ -217,7 +217,7 @@ def test_sha256_files_hashes_two_files_at_the_same_time(tmp_path, monkeypatch):
     """Each file's hashing waits until another file is being hashed too: only hashing in parallel passes."""
     import threading
 
-    from elastic_sharding import fingerprints
+    from elastic_sharding.prepare import fingerprints
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: files are hashed one at a time")
@@ -267,7 +267,7 @@ def test_bundled_recipes_pass_prepare_without_a_gpu(tmp_path, monkeypatch, name)
 
 
 def test_input_changed_between_passes_is_detected(tmp_path, recipe_file, monkeypatch):
-    import elastic_sharding.prepare as prep
+    import elastic_sharding.prepare.job as prep
 
     dataset = write_jsonl(tmp_path / "d.jsonl", sample_rows(10))
     original = prep._write_shards

@@ -34,16 +34,16 @@ from fakes import FakeRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import elastic_sharding.prepare as prepare_mod
+import elastic_sharding.prepare.job as prepare_mod
 from elastic_sharding.errors import InputError
-from elastic_sharding.jsonl import HashingLineReader, Offload
+from elastic_sharding.finish.merge import merge
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.merge import merge
-from elastic_sharding.normalize import RowNormalizer
-from elastic_sharding.prepare import PrepareRequest, prepare
-from elastic_sharding.recipe import Recipe, load_recipe
+from elastic_sharding.prepare.job import PrepareRequest, prepare
+from elastic_sharding.prepare.jsonl import HashingLineReader, Offload
+from elastic_sharding.prepare.normalize import RowNormalizer
+from elastic_sharding.prepare.recipe import Recipe, load_recipe
 from elastic_sharding.records import ROW_KEY
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("long", parent=settings.get_profile("ci"))

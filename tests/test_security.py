@@ -21,12 +21,13 @@ import pytest
 from conftest import refused, snapshot
 from fakes import FakeRunner
 
-import elastic_sharding.worker
+import elastic_sharding.work.worker
 from elastic_sharding import fsops
+from elastic_sharding.claims.lease import Claims, count_failures, read_claim, read_heartbeat
 from elastic_sharding.errors import JobStateError
-from elastic_sharding.launch.coordination import Generation, coordination_root, generations
+from elastic_sharding.launch.submission import Generation, coordination_root, generations
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.lease import Claims, count_failures, read_claim, read_heartbeat
+from elastic_sharding.observe.snapshot import job_snapshot
 from elastic_sharding.records import (
     AttemptRecord,
     ClaimRecord,
@@ -39,8 +40,7 @@ from elastic_sharding.records import (
     from_dict,
     load,
 )
-from elastic_sharding.state import job_snapshot
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 S0, S1 = "part-00000-of-00002", "part-00001-of-00002"
 
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.usefixtures("own_log_handlers")
 def fake_runner(monkeypatch):
     """The `worker` command (run in-process by run_cli) with the fake runner."""
     runner = FakeRunner()
-    monkeypatch.setattr(elastic_sharding.worker, "get_runner", lambda name, runtime=None: runner)
+    monkeypatch.setattr(elastic_sharding.work.worker, "get_runner", lambda name, runtime=None: runner)
     return runner
 
 

@@ -19,10 +19,10 @@ from fakes import FakeRunner
 from jsonschema import Draft202012Validator
 
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.metrics import job_metrics
+from elastic_sharding.observe.metrics import job_metrics
+from elastic_sharding.observe.snapshot import DONE, PENDING, RUNNING, AttemptView, ShardView, attempt_history
 from elastic_sharding.records import ShardSpec
-from elastic_sharding.state import DONE, PENDING, RUNNING, AttemptView, ShardView, attempt_history
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 SHARD_BYTES = 1000
 SHARD_ROWS = 100

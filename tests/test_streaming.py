@@ -14,16 +14,16 @@ import pytest
 from conftest import fast_settings, write_jsonl
 from fakes import FakeRunner
 
-import elastic_sharding.merge as merge_mod
-import elastic_sharding.prepare as prepare_mod
+import elastic_sharding.finish.merge as merge_mod
+import elastic_sharding.prepare.job as prepare_mod
 from elastic_sharding import progress
 from elastic_sharding.errors import InputError, IntegrityError
-from elastic_sharding.jsonl import HashingLineReader, Offload
+from elastic_sharding.finish.merge import merge
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.merge import merge
-from elastic_sharding.normalize import SchemaNode
-from elastic_sharding.prepare import PrepareRequest, prepare
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.prepare.job import PrepareRequest, prepare
+from elastic_sharding.prepare.jsonl import HashingLineReader, Offload
+from elastic_sharding.prepare.normalize import SchemaNode
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 RECIPE = "dataset_path: {dataset}\nprocess:\n  - text_length_filter:\n      min_len: 1\n"
 

@@ -15,15 +15,15 @@ from conftest import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
 from fakes import FakeRunner
 
 from elastic_sharding import fsops
+from elastic_sharding.claims.lease import Claims
 from elastic_sharding.errors import UsageError
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.lease import Claims
-from elastic_sharding.prepare import PrepareRequest, prepare
+from elastic_sharding.observe.html_report import render_report, write_report
+from elastic_sharding.observe.snapshot import AttemptView, attempt_history
+from elastic_sharding.observe.status import Status
+from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.records import AttemptRecord, Heartbeat, encode
-from elastic_sharding.report import Status
-from elastic_sharding.state import AttemptView, attempt_history
-from elastic_sharding.timeline import render_report, write_report
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 

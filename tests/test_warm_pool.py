@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 from fakes import FakeRunner
 
-from elastic_sharding.runners.recipe_cache import _rewrite
-from elastic_sharding.runners.warm_ops import BusyTracker, _units
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.runners.recipe_cache import _rewrite
+from elastic_sharding.work.runners.warm_ops import BusyTracker, _units
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 
 def test_all_busy_counts_only_the_time_every_slot_is_inside_a_call():

@@ -12,11 +12,11 @@ import pytest
 from conftest import TESTS, cli, sample_rows
 from fakes import FakeRunner
 
+from elastic_sharding.claims.lease import read_claim
 from elastic_sharding.errors import VersionMismatchError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.lease import read_claim
 from elastic_sharding.records import Manifest, encode, load
-from elastic_sharding.worker import Worker, WorkerOptions
+from elastic_sharding.work.worker import Worker, WorkerOptions
 
 
 def run(job: Path, runner: FakeRunner | None = None, **options) -> int:
@@ -115,7 +115,7 @@ def test_retry_refuses_bad_ids_done_and_running_shards(make_job):
     for args, message in cases.items():
         proc = cli("retry", "--job-dir", str(job), *args)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
-    from elastic_sharding.lease import Claims
+    from elastic_sharding.claims.lease import Claims
 
     Claims(layout, host="busy", pid=1).try_claim("part-00001-of-00002")
     proc = cli("retry", "--job-dir", str(job), "--shard-id", "part-00001-of-00002")

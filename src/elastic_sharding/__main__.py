@@ -1,3 +1,3 @@
-from .cli import entry
+from elastic_sharding.cli import entry
 
 entry()

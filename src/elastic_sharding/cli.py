@@ -17,8 +17,8 @@ from pathlib import Path
 
 import orjson
 
-from .errors import EXIT_ERROR, EXIT_OK, ElasticShardError
-from .runners import DEFAULT_RUNNER, RUNNERS
+from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError
+from elastic_sharding.work.runners import DEFAULT_RUNNER, RUNNERS
 
 DEFAULT_LOCK_TIMEOUT = 126000.0
 DEFAULT_MAX_RETRIES = 3
@@ -294,7 +294,7 @@ def _emit_json(value: object) -> None:
 
 
 def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily)
-    from .records import Settings
+    from elastic_sharding.records import Settings
 
     values = {key: getattr(args, key) for key in SETTING_KEYS}
     values["heartbeat_interval_secs"] = args.heartbeat_interval_secs or default_heartbeat(args.lock_timeout_secs)
@@ -302,7 +302,7 @@ def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily
 
 
 def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
-    from .launch.common import JobRequest
+    from elastic_sharding.launch.steps import JobRequest
 
     output = Path(args.output) if args.output is not None else None
     directory = args.output is not None and args.output.endswith(("/", os.sep))
@@ -320,7 +320,7 @@ def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
 
 
 def _cmd_dlc(args: argparse.Namespace) -> int:
-    from .launch.broadcast import DlcOptions, run_dlc
+    from elastic_sharding.launch.dlc import DlcOptions, run_dlc
 
     options = DlcOptions(
         job=_job_request(args),
@@ -336,7 +336,7 @@ def _cmd_dlc(args: argparse.Namespace) -> int:
 
 
 def _cmd_mpi(args: argparse.Namespace) -> int:
-    from .launch.mpi import run_mpi
+    from elastic_sharding.launch.mpi import run_mpi
 
     return run_mpi(
         _job_request(args), args.np, args.hostfile, args.mpirun, args.mpirun_arg, args.max_shards, args.expect_nodes, args.runner
@@ -344,7 +344,7 @@ def _cmd_mpi(args: argparse.Namespace) -> int:
 
 
 def _cmd_local(args: argparse.Namespace) -> int:
-    from .launch.local import run_local
+    from elastic_sharding.launch.local import run_local
 
     return run_local(_job_request(args), args.workers, args.runner)
 
@@ -352,8 +352,8 @@ def _cmd_local(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .prepare import PrepareRequest, prepare
-    from .recipe import recipe_and_base
+    from elastic_sharding.prepare.job import PrepareRequest, prepare
+    from elastic_sharding.prepare.recipe import recipe_and_base
 
     config, base = recipe_and_base(args.config)
     request = PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base, args.prepare_procs)
@@ -365,7 +365,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from .worker import WorkerOptions, run_worker
+    from elastic_sharding.work.worker import WorkerOptions, run_worker
 
     overrides = {key: getattr(args, key) for key in SETTING_KEYS}
     if overrides["heartbeat_interval_secs"] is None and args.lock_timeout_secs is not None:
@@ -380,7 +380,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .watch import show_status, watch_status
+    from elastic_sharding.observe.watch import show_status, watch_status
 
     if args.watch is not None:
         return watch_status(args.job_dir, args.lock_timeout_secs, args.watch, args.json, args.all, args.prometheus)
@@ -388,7 +388,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .timeline import write_report
+    from elastic_sharding.observe.html_report import write_report
 
     bars = write_report(args.job_dir, args.output, args.lock_timeout_secs)
     logging.getLogger("elastic_sharding").info("wrote %s (%d attempts on the timeline)", args.output, bars)
@@ -396,7 +396,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
-    from .retry import retry
+    from elastic_sharding.finish.retry import retry
 
     retry(args.job_dir, args.all_failed, args.shard_id)
     return EXIT_OK
@@ -405,7 +405,7 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 def _cmd_merge(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .merge import merge
+    from elastic_sharding.finish.merge import merge
 
     record = merge(args.job_dir, args.output, args.overwrite, args.lock_timeout_secs, quiet=args.quiet or args.json)
     if args.json:
@@ -414,7 +414,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify
+    from elastic_sharding.finish.verify import verify
 
     result = verify(args.job_dir, args.expect_nodes, args.output)
     message = f"PASS: {result.shards} shards were completed by {len(result.hosts)} node(s): {', '.join(result.hosts)}"

@@ -23,10 +23,10 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fsops
-from .errors import JobStateError, UsageError
-from .layout import JobLayout
-from .records import SHARD_ID_RE, PublishRecord, load
+from elastic_sharding import fsops
+from elastic_sharding.errors import JobStateError, UsageError
+from elastic_sharding.layout import JobLayout
+from elastic_sharding.records import SHARD_ID_RE, PublishRecord, load
 
 log = logging.getLogger(__name__)
 

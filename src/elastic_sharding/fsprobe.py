@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import crashpoints, fsops
-from .errors import UnsuitableFilesystem
+from elastic_sharding import crashpoints, fsops
+from elastic_sharding.errors import UnsuitableFilesystem
 
 log = logging.getLogger(__name__)
 

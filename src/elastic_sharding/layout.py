@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fsops
-from .errors import JobStateError, UsageError
-from .records import ATTEMPT_ID_RE, SHARD_ID_RE, Manifest, load
+from elastic_sharding import fsops
+from elastic_sharding.errors import JobStateError, UsageError
+from elastic_sharding.records import ATTEMPT_ID_RE, SHARD_ID_RE, Manifest, load
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from . import fsops
-from .errors import JobStateError
+from elastic_sharding import fsops
+from elastic_sharding.errors import JobStateError
 
 FORMAT_VERSION = 1
 ROW_KEY = "__elastic_row__"

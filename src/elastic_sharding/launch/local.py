@@ -16,11 +16,20 @@ import socket
 import subprocess
 import time
 
-from ..errors import EXIT_OK, Interrupted
-from ..lease import RUNNING, Claims, read_claim
-from ..report import Status
-from ..signals import on_stop_signals
-from .common import JobRequest, drain_with_parent, finalize, job_failure, preflight_job, prepare_job, worker_command, worker_env
+from elastic_sharding.claims.lease import RUNNING, Claims, read_claim
+from elastic_sharding.errors import EXIT_OK, Interrupted
+from elastic_sharding.launch.steps import (
+    JobRequest,
+    drain_with_parent,
+    finalize,
+    job_failure,
+    preflight_job,
+    prepare_job,
+    worker_command,
+    worker_env,
+)
+from elastic_sharding.observe.status import Status
+from elastic_sharding.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,19 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ..errors import EXIT_OK, Interrupted, UsageError
-from ..prepare_coop import JOIN_ENV
-from ..report import Status
-from ..signals import on_stop_signals
-from .common import JobRequest, finalize, job_failure, preflight_job, prepare_job, worker_command, worker_env
+from elastic_sharding.errors import EXIT_OK, Interrupted, UsageError
+from elastic_sharding.launch.steps import (
+    JobRequest,
+    finalize,
+    job_failure,
+    preflight_job,
+    prepare_job,
+    worker_command,
+    worker_env,
+)
+from elastic_sharding.observe.status import Status
+from elastic_sharding.prepare.cooperate import JOIN_ENV
+from elastic_sharding.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +103,7 @@ def run_mpi(
         raise UsageError(f"{mpirun!r} not found; install OpenMPI (e.g. apt-get install openmpi-bin) or pass --mpirun PATH")
     preflight_job(req)
 
-    # The workers start before the prepare and share it (prepare_coop.help_until_prepared):
+    # The workers start before the prepare and share it (cooperate.help_until_prepared):
     # prepare time falls with the number of nodes, not only with this node's cores.
     options = ["--runner", runner] + (["--max-shards", str(max_shards)] if max_shards else [])
     env = {**worker_env(), JOIN_ENV: str(req.prepare_procs or 0)}

@@ -1,0 +1,266 @@
+"""`dlc`: the same command on every node of a Worker-broadcast job (PAI-DLC PyTorch-style jobs).
+
+Each instance: elect one prepare coordinator, work as a worker, wait until every shard is done,
+elect one finalize coordinator (verify + merge), and exit with the submission's common code.
+Coordination goes only through the shared directory (`coordination.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_sharding.claims.lease import DONE, FAILED, read_claim
+from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
+from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
+from elastic_sharding.launch.submission import (
+    FINALIZE,
+    PREPARE,
+    PROGRESS_LOG_SECS,
+    Generation,
+    aborted,
+    resolve_run_id,
+    run_phase,
+)
+from elastic_sharding.layout import JobLayout
+from elastic_sharding.observe.snapshot import job_views
+from elastic_sharding.prepare.cooperate import Assistant
+from elastic_sharding.progress import Progress
+from elastic_sharding.records import Manifest, PhaseResult
+from elastic_sharding.signals import on_stop_signals
+from elastic_sharding.work.worker import Worker, WorkerOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DlcOptions:
+    job: JobRequest
+    nodes: int | None
+    require_all_nodes: bool
+    run_id: str | None
+    wait_timeout_secs: float
+    poll_interval_secs: float
+    coordinator_lease_secs: float
+    runner: str
+
+
+def strict_claim_cap(nodes: int | None, num_shards: int, require_all_nodes: bool) -> int | None:
+    """The per-Worker claim cap of strict mode, or None in elastic mode.
+
+    With a cap of ceil(S/N), N workers can always finish S shards; every worker is guaranteed at
+    least one shard only if the other N-1 workers, each taking the whole cap, leave one over:
+    S - (N-1)*ceil(S/N) >= 1. Any other combination could let a Worker go without a shard, so it
+    is refused before anything starts.
+    """
+    if nodes is not None and nodes < 1:
+        raise UsageError("--nodes must be at least 1")
+    if not require_all_nodes:
+        if nodes is not None and nodes > num_shards:
+            log.warning("--nodes %d > --num-shards %d: some Workers will have nothing to do", nodes, num_shards)
+        return None
+    if nodes is None:
+        raise UsageError("--require-all-nodes needs --nodes N (the number of Workers that must each complete a shard)")
+    cap = math.ceil(num_shards / nodes)
+    if num_shards - (nodes - 1) * cap < 1:
+        hint = f"use a multiple of {nodes}, e.g. --num-shards {nodes * max(1, num_shards // nodes)}"
+        raise UsageError(
+            f"--require-all-nodes with --nodes {nodes} and --num-shards {num_shards} is impossible to guarantee: with the "
+            f"per-Worker cap of {cap} shard(s), {nodes - 1} Workers can take all {num_shards} shards and leave one Worker "
+            f"without a shard; {hint}"
+        )
+    return cap
+
+
+class _Instance:
+    def __init__(self, opts: DlcOptions, cap: int | None, run_id: str):
+        self.opts = opts
+        self.cap = cap
+        self.gen = Generation(opts.job.job_dir, run_id)
+        self.layout = opts.job.layout
+        self.host = socket.gethostname()
+        self.phase = PREPARE
+        self.worker: Worker | None = None
+
+    # -- signals: drain the worker, or stop waiting ---------------------------------------------
+
+    def on_signal(self, name: str) -> None:
+        reason = f"received {name}"
+        if self.worker is not None:
+            self.worker.request_stop(reason)
+        else:
+            raise Interrupted(reason)
+
+    # -- the whole run ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        opts = self.opts
+        self.gen.open()
+        mode = f"strict ({opts.nodes} nodes, at most {self.cap} shard(s) per Worker)" if self.cap else "elastic"
+        log.info(
+            "DLC instance hostname=%s pid=%d: run %s, %s mode, coordination %s",
+            self.host,
+            os.getpid(),
+            self.gen.run_id,
+            mode,
+            self.gen.root,
+        )
+        lease, poll, wait = opts.coordinator_lease_secs, opts.poll_interval_secs, opts.wait_timeout_secs
+        try:
+            self.phase = PREPARE
+            prepared = run_phase(self.gen, PREPARE, lambda: prepare_job(opts.job), lease, poll, wait, Assistant(opts.job))
+            self._check(prepared)
+            if not self._is_mine(prepared):
+                check_same_request(opts.job)
+            self.phase = "work"
+            self._work()
+            self.phase = "wait"
+            self._wait_for_completion()
+            self.phase = FINALIZE
+            expect = opts.nodes if opts.require_all_nodes and opts.nodes else 1
+            result = run_phase(self.gen, FINALIZE, lambda: self._finalize(expect), lease, poll, wait)
+            self._check(result)
+        except Interrupted:
+            raise
+        except ElasticShardError as exc:
+            if self.gen.abort_record() is not None:
+                raise
+            record = self.gen.publish_abort(self.phase, exc.exit_code, str(exc))
+            if record is not None:
+                raise aborted(record) from None
+            log.warning("this instance failed after the run had already succeeded; exiting like every other instance: %s", exc)
+            return EXIT_OK
+        except Exception as exc:
+            # A crash of this instance still ends every other instance with one code.
+            if self.gen.abort_record() is None:
+                self.gen.publish_abort(self.phase, EXIT_ERROR, f"{type(exc).__name__}: {exc} (host={self.host})")
+            raise
+        if not self._is_mine(result):
+            log.info("finalized by hostname=%s: %s", result.host, result.message)
+        return EXIT_OK
+
+    def _is_mine(self, result: PhaseResult) -> bool:
+        return result.host == self.host and result.details.get("pid") == os.getpid()
+
+    def _check(self, result: Any) -> None:
+        if not result.ok:
+            record = self.gen.abort_record()
+            raise aborted(record) if record is not None else ElasticShardError(result.message)
+
+    def _work(self) -> None:
+        self.gen.raise_if_aborted()
+        opts = self.opts
+        log.info("Starting DLC worker on hostname=%s", self.host)
+        options = WorkerOptions(max_shards=self.cap, poll_interval_secs=opts.poll_interval_secs, runner=opts.runner)
+        worker = Worker(self.layout.root, options)
+        stop_watch = threading.Event()
+        watcher = threading.Thread(target=self._watch_abort, args=(worker, stop_watch), name="abort-watch", daemon=True)
+        self.worker = worker
+        watcher.start()
+        try:
+            code = worker.run()
+        finally:
+            self.worker = None
+            stop_watch.set()
+            watcher.join()
+        self.gen.raise_if_aborted()
+        if worker.stopping:
+            raise Interrupted(worker.stopping)
+        if code != EXIT_OK:
+            raise ElasticShardError(self._failure_summary(worker.manifest) or "the worker failed")
+
+    def _watch_abort(self, worker: Worker, stop: threading.Event) -> None:
+        while not stop.wait(self.opts.poll_interval_secs):
+            try:
+                record = self.gen.abort_record()
+            except (OSError, ElasticShardError):
+                continue
+            if record is not None:
+                worker.request_stop(f"run {record.run_id} failed on host={record.host}: {record.reason}")
+                return
+
+    def _failure_summary(self, manifest: Manifest) -> str | None:
+        views = job_views(self.layout, manifest, manifest.request.settings.lock_timeout_secs)
+        failed = [
+            f"{v.shard_id} failed {v.failure.failures} time(s), last on host={v.failure.host}: {v.failure.last_error}"
+            for v in views
+            if v.failure is not None
+        ]
+        if not failed:
+            return None
+        return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
+
+    def _wait_for_completion(self) -> None:
+        """Strict mode: a capped Worker waits for the others. Elastic: usually already complete."""
+        manifest = self.layout.load_manifest()
+        deadline = time.monotonic() + self.opts.wait_timeout_secs
+        next_note = time.monotonic()
+        finished: set[str] = set()
+        with Progress("shards done", len(manifest.shards), self.opts.job.quiet, unit="shard") as progress:
+            while True:
+                self.gen.raise_if_aborted()
+                pending = []
+                for spec in manifest.shards:
+                    if spec.shard_id in finished:
+                        continue
+                    state, holder = _shard_state(self.layout, spec.shard_id)
+                    if state == FAILED:
+                        raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
+                    if state == DONE:
+                        finished.add(spec.shard_id)
+                        progress.update(1)
+                    else:
+                        pending.append(f"{spec.shard_id} ({holder})")
+                if not pending:
+                    return
+                now = time.monotonic()
+                if now >= deadline:
+                    raise ElasticShardError(
+                        f"timed out after {self.opts.wait_timeout_secs:.0f}s (--wait-timeout-secs) waiting for "
+                        f"{len(pending)} shard(s): {', '.join(pending[:5])}"
+                        + (" (strict mode: is every Worker running?)" if self.cap else "")
+                    )
+                if now >= next_note:
+                    log.info("waiting for %d of %d shard(s): %s", len(pending), len(manifest.shards), ", ".join(pending[:5]))
+                    next_note = now + PROGRESS_LOG_SECS
+                time.sleep(self.opts.poll_interval_secs)
+
+    def _finalize(self, expect_nodes: int) -> tuple[str, dict[str, Any]]:
+        done = finalize(self.opts.job, expect_nodes)
+        first_failure = self.gen.publish_success(done.message)
+        if first_failure is not None:
+            raise aborted(first_failure)
+        log.info("%s", done.message)
+        details = {"shards": done.shards, "hosts": done.hosts, "output": str(done.output), "rows": done.rows}
+        return done.message, details
+
+
+def _shard_state(layout: JobLayout, shard_id: str) -> tuple[str, str]:
+    try:
+        claim = read_claim(layout, shard_id)
+    except ValueError:
+        claim = None
+    if claim is not None and claim.status in (DONE, FAILED):
+        return claim.status, claim.host
+    if layout.done(shard_id).exists():
+        return DONE, "done"
+    if layout.failed(shard_id).exists():
+        return FAILED, "failed"
+    if claim is None:
+        return "pending", "unclaimed"
+    return "running", f"claimed by host={claim.host}"
+
+
+def run_dlc(opts: DlcOptions) -> int:
+    cap = strict_claim_cap(opts.nodes, opts.job.num_shards, opts.require_all_nodes)
+    run_id = resolve_run_id(opts.run_id, os.environ)
+    preflight_job(opts.job)
+    instance = _Instance(opts, cap, run_id)
+    with on_stop_signals(instance.on_signal):
+        return instance.run()

@@ -1,0 +1,29 @@
+"""`dj-process` with the node caps applied: start Ray with them, then hand over to Data-Juicer.
+
+Used by the process runner only when a cap is set, so that an uncapped attempt stays exactly the
+original demo's `dj-process` run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from elastic_sharding.work.runners import lifeline, ray_runtime
+
+
+def main() -> int:
+    lifeline.hold_group()
+    parser = argparse.ArgumentParser(prog="process_entry")
+    ray_runtime.add_arguments(parser)
+    parser.add_argument("dj_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    ray_runtime.init_ray(args)
+    sys.argv = ["dj-process", *[a for a in args.dj_args if a != "--"]]
+    from data_juicer.tools.process_data import main as dj_main
+
+    return dj_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
