@@ -20,8 +20,9 @@ from jsonschema import Draft202012Validator
 
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.metrics import job_metrics
-from elastic_sharding.observe.snapshot import DONE, PENDING, RUNNING, AttemptView, ShardView, attempt_history
+from elastic_sharding.observe.snapshot import AttemptView, ShardView, attempt_history
 from elastic_sharding.records import ShardSpec
+from elastic_sharding.vocabulary import ShardState
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 SHARD_BYTES = 1000
@@ -57,7 +58,7 @@ def _attempt(i: int, host: str, pid: int, start: float, end: float | None, *, st
 
 
 def _views(states: dict[int, str], n: int = 10) -> list[ShardView]:
-    return [ShardView(_spec(i, n), states.get(i, PENDING), None, None, None, None, 0, None, None) for i in range(n)]
+    return [ShardView(_spec(i, n), states.get(i, ShardState.PENDING), None, None, None, None, 0, None, None) for i in range(n)]
 
 
 def _history() -> list[AttemptView]:
@@ -76,7 +77,7 @@ def _history() -> list[AttemptView]:
 
 
 def test_eta_is_remaining_bytes_over_the_running_workers_recent_rates():
-    views = _views({i: DONE for i in range(6)} | {6: RUNNING, 7: RUNNING})
+    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING, 7: ShardState.RUNNING})
     m = job_metrics(views, _history(), now=45.0)
     # Remaining: shards 8, 9 whole, 6 half done (5 of 10 s), 7 a quarter (5 of 20 s).
     remaining = 2 * SHARD_BYTES + 0.5 * SHARD_BYTES + 0.75 * SHARD_BYTES
@@ -96,7 +97,7 @@ def test_a_running_worker_without_a_finished_shard_counts_with_the_mean_rate_in_
     """a (10 rows/s) and b (5 rows/s) are done and idle; c, on a new node, runs its first shard:
     both the ETA and the job's rows/s now count c at the mean of all workers, so they agree."""
     history = _history()[:6] + [_attempt(6, "c", 3, 40, None)]
-    views = _views({i: DONE for i in range(6)} | {6: RUNNING})
+    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING})
     m = job_metrics(views, history, now=45.0)
     assert m.active_workers == 1
     assert m.rows_per_sec == pytest.approx(7.5) and m.bytes_per_sec == pytest.approx(75.0)
@@ -110,7 +111,7 @@ def test_runtime_start_up_is_left_out_of_a_workers_rate():
     history[4] = _attempt(4, "b", 2, 0, 40, setup_secs=20.0)
     history[5] = _attempt(5, "b", 2, 40, 60)
     history[7] = _attempt(7, "b", 2, 60, None, expected_secs=20.0)
-    views = _views({i: DONE for i in range(6)} | {6: RUNNING, 7: RUNNING})
+    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING, 7: ShardState.RUNNING})
     m = job_metrics(views, history, now=65.0)
     assert {n.host: n.rows_per_sec for n in m.nodes}["b"] == pytest.approx(5.0)
     # A cold first shard (Ray starting its workers) is slower still; with a warm one to go by it is left out.
@@ -129,7 +130,10 @@ def test_eta_in_the_tail_waits_for_the_slowest_running_shard():
         _attempt(8, "b", 2, 40, None, expected_secs=20.0),
         _attempt(9, "a", 1, 40, None, expected_secs=10.0),
     ]
-    views = _views({i: DONE for i in range(6)} | {6: DONE, 7: DONE, 8: RUNNING, 9: RUNNING})
+    views = _views(
+        {i: ShardState.DONE for i in range(6)}
+        | {6: ShardState.DONE, 7: ShardState.DONE, 8: ShardState.RUNNING, 9: ShardState.RUNNING}
+    )
     history[:0] = [_attempt(6, "c", 3, 0, 10), _attempt(7, "c", 3, 10, 20)]
     m = job_metrics(views, history, now=41.0)
     assert m.eta.secs == pytest.approx(19.0)  # b's shard: 20 s expected, 1 s in
@@ -139,15 +143,15 @@ def test_eta_in_the_tail_waits_for_the_slowest_running_shard():
 def test_eta_unknown_says_why():
     assert job_metrics(_views({}), [], now=1.0).eta.basis == "no worker is running"
     first = [_attempt(0, "a", 1, 0, None)]
-    m = job_metrics(_views({0: RUNNING}), first, now=5.0)
+    m = job_metrics(_views({0: ShardState.RUNNING}), first, now=5.0)
     assert m.eta.secs is None and m.eta.basis == "no shard has finished yet"
-    m = job_metrics(_views({i: DONE for i in range(10)}), [_attempt(i, "a", 1, i, i + 1) for i in range(10)], now=50.0)
+    m = job_metrics(_views({i: ShardState.DONE for i in range(10)}), [_attempt(i, "a", 1, i, i + 1) for i in range(10)], now=50.0)
     assert (m.eta.secs, m.eta.basis) == (0.0, "complete") and m.elapsed_secs == pytest.approx(10.0)
 
 
 def test_a_worker_without_a_finished_shard_counts_with_its_nodes_mean_rate():
     history = _history() + [_attempt(8, "a", 9, 44, None)]
-    views = _views({i: DONE for i in range(6)} | {6: RUNNING, 7: RUNNING, 8: RUNNING})
+    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING, 7: ShardState.RUNNING, 8: ShardState.RUNNING})
     m = job_metrics(views, history, now=45.0)
     assert m.active_workers == 3 and m.bytes_per_sec == pytest.approx(250.0)
 
@@ -159,7 +163,7 @@ def test_a_worker_without_a_finished_shard_counts_with_its_nodes_mean_rate():
 def test_straggler_rule(age, straggler):
     """Median completed shard: 10 s per 1000 B. Straggler once over 2x that and 10 s beyond it."""
     history = _history()[:6] + [_attempt(6, "a", 1, 40, None)]
-    views = _views({i: DONE for i in range(6)} | {6: RUNNING})
+    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING})
     m = job_metrics(views, history, now=40.0 + age)
     assert [r.shard_id for r in m.stragglers] == ([_spec(6).shard_id] if straggler else [])
     if straggler:
@@ -168,14 +172,18 @@ def test_straggler_rule(age, straggler):
 
 def test_no_stragglers_before_three_shards_finish_or_while_queued():
     history = [_attempt(0, "a", 1, 0, 10), _attempt(1, "a", 1, 10, 20), _attempt(2, "b", 2, 0, None)]
-    assert job_metrics(_views({0: DONE, 1: DONE, 2: RUNNING}), history, now=100.0).stragglers == []
+    assert (
+        job_metrics(_views({0: ShardState.DONE, 1: ShardState.DONE, 2: ShardState.RUNNING}), history, now=100.0).stragglers == []
+    )
     history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase="queued")]
-    assert job_metrics(_views({i: DONE for i in range(6)} | {6: RUNNING}), history, now=100.0).stragglers == []
+    assert (
+        job_metrics(_views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING}), history, now=100.0).stragglers == []
+    )
 
 
 def test_stragglers_are_judged_by_the_owners_own_processing_time_not_start_up_or_skew():
     done = _history()[:6]
-    views = _views({i: DONE for i in range(6)} | {6: RUNNING})
+    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING})
     starting = done + [_attempt(6, "a", 1, 40, None, phase="starting warm runtime")]
     assert job_metrics(views, starting, now=140.0).stragglers == []
     # 100 s by this machine's clock, but the owner's heartbeat says 15 s of processing: skew.

@@ -17,28 +17,14 @@ from pathlib import Path
 
 import orjson
 
+from elastic_sharding import settings
 from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError
 from elastic_sharding.work.runners import DEFAULT_RUNNER, RUNNERS
 
-DEFAULT_LOCK_TIMEOUT = 126000.0
-DEFAULT_MAX_RETRIES = 3
-DEFAULT_POLL_INTERVAL = 20.0
-DEFAULT_RAY_ADDRESS = "local"
-DEFAULT_CLAIM_AHEAD = 10.0
 DEFAULT_WATCH_SECS = 2.0
-MAX_HEARTBEAT_INTERVAL = 30.0
-# The launchers (dlc, mpi, local) heartbeat every claim, so a short lease is safe and a crashed
-# node's shard is taken over in minutes; the original demo's 126000 s stays the default of `prepare`.
-LAUNCHER_LOCK_TIMEOUT = 600.0
-LAUNCHER_POLL_INTERVAL = 2.0
 DEFAULT_NUM_SHARDS = 4
 DEFAULT_WAIT_TIMEOUT = 126000.0
 DEFAULT_COORDINATOR_LEASE = 60.0
-
-
-def default_heartbeat(lock_timeout: float) -> float:
-    """Heartbeat often enough that a live claim renews several times per lease."""
-    return min(MAX_HEARTBEAT_INTERVAL, lock_timeout / 4)
 
 
 def _positive_int(text: str) -> int:
@@ -57,58 +43,6 @@ def _positive_float(text: str) -> float:
 
 def _add_job_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, type=Path, help="shared job directory")
-
-
-# The job settings: `prepare` stores them in the manifest, `worker` may override each one.
-_SETTINGS = (
-    (
-        "--lock-timeout-secs",
-        float,
-        DEFAULT_LOCK_TIMEOUT,
-        LAUNCHER_LOCK_TIMEOUT,
-        "claim lease: a claim whose heartbeat does not change for this long is stale",
-    ),
-    ("--max-retries", int, DEFAULT_MAX_RETRIES, DEFAULT_MAX_RETRIES, "retries after the first failure"),
-    (
-        "--poll-interval-secs",
-        float,
-        DEFAULT_POLL_INTERVAL,
-        LAUNCHER_POLL_INTERVAL,
-        "worker wait when nothing is claimable (launchers: also their coordination polling)",
-    ),
-    ("--heartbeat-interval-secs", float, None, None, "claim renewal interval"),
-    ("--ray-address", str, DEFAULT_RAY_ADDRESS, DEFAULT_RAY_ADDRESS, "node-local Ray address for workers"),
-    ("--ray-num-cpus", int, None, None, "CPUs the node-local Ray runtime may use"),
-    ("--ray-num-gpus", int, None, None, "GPUs the node-local Ray runtime may use"),
-    ("--ray-object-store-mb", int, None, None, "object store size of the node-local Ray runtime"),
-    ("--ray-temp-dir", str, None, None, "Ray's session/socket directory, a short absolute path"),
-    (
-        "--claim-ahead-secs",
-        float,
-        DEFAULT_CLAIM_AHEAD,
-        DEFAULT_CLAIM_AHEAD,
-        "claim and stage the next shard when the current one should end within this many seconds (0: off)",
-    ),
-)
-# What an unset (None) default means, for the help of prepare and the launchers.
-_UNSET_MEANS = {
-    "--heartbeat-interval-secs": "min(30, lock timeout / 4)",
-    "--ray-num-cpus": "all",
-    "--ray-num-gpus": "all Ray detects",
-    "--ray-object-store-mb": "Ray's, 30%% of RAM",
-    "--ray-temp-dir": "Ray's /tmp/ray",
-}
-SETTING_KEYS = tuple(flag[2:].replace("-", "_") for flag, *_ in _SETTINGS)
-
-
-def _add_settings(parser: argparse.ArgumentParser, as_overrides: bool, launcher: bool = False) -> None:
-    for flag, kind, default, launcher_default, text in _SETTINGS:
-        if as_overrides:
-            parser.add_argument(flag, type=kind, help=f"override for this worker: {text} (default: the manifest's value)")
-        else:
-            value = launcher_default if launcher else default
-            shown = "%(default)s" if value is not None else _UNSET_MEANS[flag]
-            parser.add_argument(flag, type=kind, default=value, help=f"{text} (default {shown})")
 
 
 def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, launcher: bool) -> None:
@@ -135,7 +69,7 @@ def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, lau
         type=_positive_int,
         help="processes on this node that share the prepare (default: its usable cores; for `local`, --workers)",
     )
-    _add_settings(parser, as_overrides=False, launcher=launcher)
+    settings.add_arguments(parser, as_overrides=False, launcher=launcher)
 
 
 def _add_runner(parser: argparse.ArgumentParser) -> None:
@@ -220,7 +154,7 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
     p = sub.add_parser("worker", help="claim and process shards until the job is complete")
     _add_job_dir(p)
     p.add_argument("--max-shards", type=_positive_int, help="maximum claims (failed attempts count); default unlimited")
-    _add_settings(p, as_overrides=True)
+    settings.add_arguments(p, as_overrides=True)
     p.add_argument("--allow-version-mismatch", action="store_true", help="run even if Data-Juicer differs from the manifest")
     _add_runner(p)
 
@@ -293,14 +227,6 @@ def _emit_json(value: object) -> None:
     sys.stdout.flush()
 
 
-def _settings(args: argparse.Namespace):  # -> records.Settings (imported lazily)
-    from elastic_sharding.records import Settings
-
-    values = {key: getattr(args, key) for key in SETTING_KEYS}
-    values["heartbeat_interval_secs"] = args.heartbeat_interval_secs or default_heartbeat(args.lock_timeout_secs)
-    return Settings(**values)
-
-
 def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
     from elastic_sharding.launch.steps import JobRequest
 
@@ -311,7 +237,7 @@ def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
         args.config,
         args.dataset_path,
         args.num_shards,
-        _settings(args),
+        settings.from_args(args),
         output,
         args.quiet,
         output_dir=directory,
@@ -356,7 +282,9 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from elastic_sharding.prepare.recipe import recipe_and_base
 
     config, base = recipe_and_base(args.config)
-    request = PrepareRequest(config, args.dataset_path, args.job_dir, args.num_shards, _settings(args), base, args.prepare_procs)
+    request = PrepareRequest(
+        config, args.dataset_path, args.job_dir, args.num_shards, settings.from_args(args), base, args.prepare_procs
+    )
     result = prepare(request, quiet=args.quiet or args.json)
     if args.json:
         manifest = dataclasses.asdict(result.manifest)
@@ -367,12 +295,9 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from elastic_sharding.work.worker import WorkerOptions, run_worker
 
-    overrides = {key: getattr(args, key) for key in SETTING_KEYS}
-    if overrides["heartbeat_interval_secs"] is None and args.lock_timeout_secs is not None:
-        overrides["heartbeat_interval_secs"] = default_heartbeat(args.lock_timeout_secs)
     options = WorkerOptions(
         max_shards=args.max_shards,
-        **overrides,
+        **settings.overrides_from_args(args),
         allow_version_mismatch=args.allow_version_mismatch,
         runner=args.runner,
     )

@@ -21,6 +21,8 @@ import orjson
 
 from elastic_sharding import fsops
 from elastic_sharding.errors import JobStateError
+from elastic_sharding.settings import Settings
+from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus
 
 FORMAT_VERSION = 1
 ROW_KEY = "__elastic_row__"
@@ -144,22 +146,6 @@ class ShardSpec:
 
 
 @dataclass
-class Settings:
-    """Defaults a worker uses unless its command line overrides them."""
-
-    lock_timeout_secs: float
-    max_retries: int
-    poll_interval_secs: float
-    heartbeat_interval_secs: float
-    ray_address: str
-    ray_num_cpus: int | None = None
-    ray_num_gpus: int | None = None
-    ray_object_store_mb: int | None = None
-    ray_temp_dir: str | None = None
-    claim_ahead_secs: float = 10.0
-
-
-@dataclass
 class Request:
     """What was asked of `prepare`; an identical request on an existing job is a no-op."""
 
@@ -212,7 +198,7 @@ class ClaimRecord:
     host: str
     pid: int
     claimed_at: float
-    status: str = "running"  # running | done | failed
+    status: str = ClaimStatus.RUNNING
     updated_at: float = 0.0
 
 
@@ -278,7 +264,7 @@ class AttemptRecord:
     pid: int
     runner: str
     started_at: float
-    status: str = "running"  # running | succeeded | failed | fenced | superseded
+    status: str = AttemptStatus.RUNNING
     finished_at: float | None = None
     error: str | None = None
     input_rows: int = 0

@@ -47,10 +47,9 @@ from elastic_sharding.records import (
     decode,
     encode,
 )
+from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus, Phase
 
 log = logging.getLogger(__name__)
-
-RUNNING, DONE, FAILED = "running", "done", "failed"
 
 
 _HOST_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
@@ -105,7 +104,7 @@ SUPERSEDED_ERROR = "worker stopped heartbeating (crashed, hung or cut off); clai
 def attempt_failure(record: AttemptRecord | None, superseded: bool) -> tuple[bool, str | None]:
     """Whether an attempt counts against the shard's retry limit, and the error to report for it."""
     status = record.status if record else None
-    if status == "succeeded" or not (status == "failed" or superseded):
+    if status == AttemptStatus.SUCCEEDED or not (status == AttemptStatus.FAILED or superseded):
         return False, None
     if record is not None and record.error:
         return True, record.error
@@ -121,7 +120,7 @@ def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, s
     for name in attempt_ids(root):
         attempt_dir = root / name
         record = read_attempt(attempt_dir)
-        if record is not None and record.status == "succeeded":
+        if record is not None and record.status == AttemptStatus.SUCCEEDED:
             continue
         counts, error = attempt_failure(record, fsops.lexists(attempt_files(attempt_dir)["superseded"]))
         if counts:
@@ -190,7 +189,7 @@ class Claims:
         self.host = host or socket.gethostname()
         self.pid = pid or os.getpid()
 
-    def try_claim(self, shard_id: str, status: str = RUNNING) -> Claim | None:
+    def try_claim(self, shard_id: str, status: str = ClaimStatus.RUNNING) -> Claim | None:
         """Publish a claim; `status=done` restores the terminal claim of a completed shard whose
         owner died before recording it (or whose claim was removed by hand)."""
         token = new_token()
@@ -240,10 +239,10 @@ class Claims:
                 return False
             attempt_dir = self.layout.attempt_dir(stale.shard_id, stale.attempt_id)
             record = read_attempt(attempt_dir)
-            if record is not None and record.status == "running":
+            if record is not None and record.status == AttemptStatus.RUNNING:
                 done = replace(
                     record,
-                    status="succeeded",
+                    status=AttemptStatus.SUCCEEDED,
                     finished_at=completion.finished_at,
                     exit_code=0,
                     output_rows=completion.output_rows,
@@ -257,7 +256,7 @@ class Claims:
                 stale.host,
                 stale.pid,
             )
-        self.try_claim(stale.shard_id, status=DONE)
+        self.try_claim(stale.shard_id, status=ClaimStatus.DONE)
         return True
 
     def take_over(self, stale: ClaimRecord, unchanged_secs: float, reason: str | None = None) -> bool:
@@ -319,7 +318,7 @@ class Claims:
             at=time.time(),
         )
         self.publish_failure(claim.shard_id, record)
-        self.finish(claim, FAILED)
+        self.finish(claim, ClaimStatus.FAILED)
 
 
 class LeaseKeeper(threading.Thread):
@@ -339,7 +338,7 @@ class LeaseKeeper(threading.Thread):
         self.lease = lease
         self.on_lost = on_lost
         self.seq = 0
-        self.phase = "starting"
+        self.phase: str = Phase.STARTING
         self.progress: dict[str, Any] = {"phase_since": time.time()}
         self.lost_reason: str | None = None
         self._stop_event = threading.Event()

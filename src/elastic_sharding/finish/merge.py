@@ -61,10 +61,11 @@ from elastic_sharding.finish.parallel_copy import (
     thread_count,
 )
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.observe.snapshot import DONE, counts, job_views
+from elastic_sharding.observe.snapshot import counts, job_views
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
 from elastic_sharding.records import CompletionRecord, IndexEntry, MergeShard, OutputIndex, PublishRecord, encode, load
+from elastic_sharding.vocabulary import ShardState
 from elastic_sharding.work.collect import file_stats
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,8 @@ def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> l
     timeout = lock_timeout if lock_timeout is not None else manifest.request.settings.lock_timeout_secs
     views = job_views(layout, manifest, timeout)
     summary = counts(views)
-    if summary[DONE] != len(views):
-        missing = [v.shard_id for v in views if v.state != DONE]
+    if summary[ShardState.DONE] != len(views):
+        missing = [v.shard_id for v in views if v.state != ShardState.DONE]
         detail = ", ".join(f"{state} {n}" for state, n in summary.items() if n)
         raise JobStateError(
             f"job is not complete ({detail}); first unfinished shard: {missing[0]}. Run workers (or `retry` failed shards) first"

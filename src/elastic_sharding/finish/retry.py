@@ -16,7 +16,8 @@ from pathlib import Path
 from elastic_sharding import fsops
 from elastic_sharding.errors import JobStateError, UsageError
 from elastic_sharding.layout import JobLayout, check_shard_id
-from elastic_sharding.observe.snapshot import DONE, FAILED, PENDING, RUNNING, STALE, ShardView, job_views
+from elastic_sharding.observe.snapshot import ShardView, job_views
+from elastic_sharding.vocabulary import ShardState
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +27,16 @@ def _select(views: list[ShardView], all_failed: bool, shard_ids: list[str]) -> l
         raise UsageError("select exactly one of --all-failed or --shard-id")
     by_id = {view.shard_id: view for view in views}
     if all_failed:
-        return [view for view in views if view.state == FAILED]
+        return [view for view in views if view.state == ShardState.FAILED]
     chosen = []
     for shard_id in dict.fromkeys(shard_ids):
         check_shard_id(shard_id)
         view = by_id.get(shard_id)
         if view is None:
             raise UsageError(f"{shard_id} is not a shard of this job ({len(views)} shards)")
-        if view.state == DONE:
+        if view.state == ShardState.DONE:
             raise JobStateError(f"{shard_id} is already done; retry only requeues unfinished shards")
-        if view.state in (RUNNING, STALE):
+        if view.state in (ShardState.RUNNING, ShardState.STALE):
             raise JobStateError(
                 f"{shard_id} has an active claim by host={view.owner} ({view.state}); wait for it, or let a worker take a stale claim over"
             )
@@ -67,7 +68,7 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
         log.info(
             "requeued %s (was %s; %d failed attempt(s) archived in %s)",
             shard_id,
-            view.state if view.state != PENDING else "pending",
+            view.state if view.state != ShardState.PENDING else "pending",
             view.failures,
             target,
         )

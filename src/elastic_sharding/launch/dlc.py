@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_sharding.claims.lease import DONE, FAILED, read_claim
+from elastic_sharding.claims.lease import read_claim
 from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
 from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
 from elastic_sharding.launch.submission import (
@@ -34,6 +34,7 @@ from elastic_sharding.prepare.cooperate import Assistant
 from elastic_sharding.progress import Progress
 from elastic_sharding.records import Manifest, PhaseResult
 from elastic_sharding.signals import on_stop_signals
+from elastic_sharding.vocabulary import ShardState
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -210,9 +211,9 @@ class _Instance:
                     if spec.shard_id in finished:
                         continue
                     state, holder = _shard_state(self.layout, spec.shard_id)
-                    if state == FAILED:
+                    if state == ShardState.FAILED:
                         raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
-                    if state == DONE:
+                    if state == ShardState.DONE:
                         finished.add(spec.shard_id)
                         progress.update(1)
                     else:
@@ -246,12 +247,12 @@ def _shard_state(layout: JobLayout, shard_id: str) -> tuple[str, str]:
         claim = read_claim(layout, shard_id)
     except ValueError:
         claim = None
-    if claim is not None and claim.status in (DONE, FAILED):
+    if claim is not None and claim.status in (ShardState.DONE, ShardState.FAILED):
         return claim.status, claim.host
     if layout.done(shard_id).exists():
-        return DONE, "done"
+        return ShardState.DONE, "done"
     if layout.failed(shard_id).exists():
-        return FAILED, "failed"
+        return ShardState.FAILED, "failed"
     if claim is None:
         return "pending", "unclaimed"
     return "running", f"claimed by host={claim.host}"

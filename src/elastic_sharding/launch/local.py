@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 
-from elastic_sharding.claims.lease import RUNNING, Claims, read_claim
+from elastic_sharding.claims.lease import Claims, read_claim
 from elastic_sharding.errors import EXIT_OK, Interrupted
 from elastic_sharding.launch.steps import (
     JobRequest,
@@ -30,6 +30,7 @@ from elastic_sharding.launch.steps import (
 )
 from elastic_sharding.observe.status import Status
 from elastic_sharding.signals import on_stop_signals
+from elastic_sharding.vocabulary import ShardState
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _release_claims_of(req: JobRequest, pid: int) -> list[str]:
             record = read_claim(layout, spec.shard_id)
         except ValueError:
             continue
-        if record is None or record.status != RUNNING or record.host != host or record.pid != pid:
+        if record is None or record.status != ShardState.RUNNING or record.host != host or record.pid != pid:
             continue
         if claims.take_over(
             record, 0.0, reason=f"worker process {pid} on {host} exited; its local launcher handed the claim back"

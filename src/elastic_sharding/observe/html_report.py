@@ -24,8 +24,9 @@ import orjson
 from elastic_sharding import fsops
 from elastic_sharding.destination import check_target, prepare_destination
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.observe.snapshot import ATTEMPT_STALE, OUTCOMES, SUPERSEDED, AttemptView
+from elastic_sharding.observe.snapshot import AttemptView
 from elastic_sharding.observe.status import Status
+from elastic_sharding.vocabulary import OUTCOMES, SHARD_STATES, AttemptOutcome
 
 LABEL_W, PLOT_W, RIGHT_PAD, AXIS_H = 180, 1000, 24, 30
 ROW_H, ROW_GAP, LANE_PAD, MIN_BAR_W = 20, 4, 8, 3.0
@@ -35,7 +36,7 @@ MAX_TICKS = 10
 LANE_LABEL_CHARS = 21
 TITLE_ERROR_CHARS = 400
 TAKEOVER, RETRY = "takeover", "retry"
-STATE_ORDER = ("pending", "running", "stale", "done", "failed")
+STATE_ORDER = SHARD_STATES
 
 CSS = """
 :root{--fg:#1f2328;--muted:#656d76;--line:#d0d7de;--bg2:#f6f8fa;--ok:#2da44e;--bad:#cf222e;--sup:#e8871e;
@@ -258,7 +259,7 @@ def _handoff_kinds(attempts: list[AttemptView]) -> dict[int, str]:
     for index, view in sorted(enumerate(attempts), key=lambda item: (item[1].started_at, item[1].attempt_id)):
         before = previous.get(view.shard_id)
         if before is not None:
-            kinds[index] = TAKEOVER if before.outcome in (SUPERSEDED, ATTEMPT_STALE) else RETRY
+            kinds[index] = TAKEOVER if before.outcome in (AttemptOutcome.SUPERSEDED, AttemptOutcome.STALE) else RETRY
         previous[view.shard_id] = view
     return kinds
 
@@ -349,7 +350,7 @@ def _bar_title(bar: _Bar, start: float, now: float) -> str:
 def _bar_label(bar: _Bar) -> str:
     """The shard number (and retry/takeover) inside the bar, else beside it, else nothing."""
     number = _shard_number(bar.view.shard_id)
-    light = " on-light" if bar.view.outcome in ("interrupted", ATTEMPT_STALE) else ""
+    light = " on-light" if bar.view.outcome in (AttemptOutcome.INTERRUPTED, AttemptOutcome.STALE) else ""
     y = bar.mid_y + 4
     width = bar.x1 - bar.x0
     for text in [f"{number} {bar.kind}", number] if bar.kind else [number]:
@@ -362,7 +363,7 @@ def _bar_label(bar: _Bar) -> str:
 
 def _bar_svg(bar: _Bar, start: float, now: float) -> str:
     view = bar.view
-    outcome = view.outcome if view.outcome in OUTCOMES else "failed"
+    outcome = view.outcome if view.outcome in OUTCOMES else AttemptOutcome.FAILED
     kind = f' data-kind="{bar.kind}"' if bar.kind else ""
     return (
         f'<rect class="attempt outcome-{outcome}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '

@@ -44,17 +44,15 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from elastic_sharding.observe.snapshot import ATTEMPT_RUNNING, DONE, FAILED, STALE, SUCCEEDED, AttemptView, ShardView
+from elastic_sharding.observe.snapshot import AttemptView, ShardView
 from elastic_sharding.records import OperatorStats
+from elastic_sharding.vocabulary import STARTING_PHASES, WAITING_PHASES, AttemptOutcome, Phase, ShardState
 
 RECENT_SHARDS = 5
 RUNNING_CAP = 0.95
 STRAGGLER_FACTOR = 2.0
 STRAGGLER_MIN_DONE = 3
 STRAGGLER_SLACK_SECS = 10.0
-WAITING_PHASES = ("queued",)  # claimed ahead: not started, so no age
-STARTING_PHASES = ("starting", "verifying input", "starting warm runtime")  # not processing rows yet
-PROCESSING = "processing"
 
 
 @dataclass
@@ -237,9 +235,11 @@ def _seconds_per_byte(completed: list[AttemptView], starts: dict[tuple[str, str]
 
 def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float) -> JobMetrics:
     current = [a for a in attempts if a.archive is None]
-    done_ids = {v.shard_id for v in views if v.state == DONE}
-    completed = [a for a in current if a.outcome == SUCCEEDED and a.ended_at is not None and a.shard_id in done_ids]
-    running = [a for a in current if a.outcome == ATTEMPT_RUNNING]
+    done_ids = {v.shard_id for v in views if v.state == ShardState.DONE}
+    completed = [
+        a for a in current if a.outcome == AttemptOutcome.SUCCEEDED and a.ended_at is not None and a.shard_id in done_ids
+    ]
+    running = [a for a in current if a.outcome == AttemptOutcome.RUNNING]
     starts = effective_starts(attempts)
     rates = _worker_rates(completed, starts)
     all_rates = list(rates.values())
@@ -257,7 +257,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
             nodes.setdefault(attempt.host, Node(attempt.host)).failures += 1
 
     per_sec_per_byte = _seconds_per_byte(completed, starts)
-    remaining = sum(v.spec.bytes for v in views if v.state not in (DONE, FAILED))
+    remaining = sum(v.spec.bytes for v in views if v.state not in (ShardState.DONE, ShardState.FAILED))
     active: dict[tuple[str, int], float | None] = {}  # running worker -> bytes/s
     active_rows: dict[tuple[str, int], float | None] = {}  # and rows/s
     stragglers = []
@@ -267,7 +267,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         waiting = attempt.phase in WAITING_PHASES
         working = not waiting and attempt.phase not in STARTING_PHASES
         age = 0.0 if waiting else max(0.0, now - starts[(attempt.shard_id, attempt.attempt_id)])
-        busy = attempt.phase_secs if attempt.phase == PROCESSING and attempt.phase_secs is not None else age
+        busy = attempt.phase_secs if attempt.phase == Phase.PROCESSING and attempt.phase_secs is not None else age
         expected = attempt.expected_secs
         fraction = min(RUNNING_CAP, busy / expected) if expected and working else 0.0
         item = Running(attempt.shard_id, attempt.attempt_id, attempt.host, attempt.pid, attempt.phase, age, expected, fraction)
@@ -306,10 +306,10 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
 
     starts_all = [a.started_at for a in attempts]
     started_at = min(starts_all) if starts_all else None
-    finished = bool(views) and all(v.state in (DONE, FAILED) for v in views)
+    finished = bool(views) and all(v.state in (ShardState.DONE, ShardState.FAILED) for v in views)
     end = max((a.ended_at for a in attempts if a.ended_at is not None), default=now) if finished else now
     elapsed = max(0.0, end - started_at) if started_at is not None else 0.0
-    rows_done = sum(v.spec.rows for v in views if v.state == DONE)
+    rows_done = sum(v.spec.rows for v in views if v.state == ShardState.DONE)
     bytes_rate = sum(rate for rate in active.values() if rate) or None
     rows_rate = sum(rate for rate in active_rows.values() if rate) or None
     return JobMetrics(
@@ -319,7 +319,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         shards_total=len(views),
         rows_done=rows_done,
         rows_total=sum(v.spec.rows for v in views),
-        bytes_done=sum(v.spec.bytes for v in views if v.state == DONE),
+        bytes_done=sum(v.spec.bytes for v in views if v.state == ShardState.DONE),
         bytes_total=sum(v.spec.bytes for v in views),
         rows_per_sec=rows_rate,
         bytes_per_sec=bytes_rate,
@@ -340,12 +340,12 @@ def _eta(
     any_active: bool,
     now: float,
 ) -> Eta:
-    if all(v.state == DONE for v in views):
+    if all(v.state == ShardState.DONE for v in views):
         return Eta(0.0, now, "complete")
     if remaining <= 0:
         return Eta(None, None, "only failed shards remain; see `retry`")
     if not any_active:
-        stale = sum(v.state == STALE for v in views)
+        stale = sum(v.state == ShardState.STALE for v in views)
         why = f"{stale} stale claim(s), no live worker" if stale else "no worker is running"
         return Eta(None, None, why)
     if not any_done or not bytes_rate:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.errors import UsageError
-from elastic_sharding.observe.snapshot import STATES
 from elastic_sharding.observe.status import Status
+from elastic_sharding.vocabulary import SHARD_STATES
 
 PREFIX = "elastic_shard"
 
@@ -45,7 +45,7 @@ class _Metrics:
 def render(status: Status) -> str:
     m = status.metrics
     out = _Metrics({"job_id": status.manifest.job_id, "job_dir": str(status.layout.root)})
-    out.family("shards", "Shards by state.", (({"state": state}, status.counts[state]) for state in STATES))
+    out.family("shards", "Shards by state.", (({"state": state}, status.counts[state]) for state in SHARD_STATES))
     out.family("shards_total", "Shards of the job.", [({}, m.shards_total)])
     out.family("rows_done", "Input rows of done shards.", [({}, m.rows_done)])
     out.family("rows_total", "Input rows of the job.", [({}, m.rows_total)])

@@ -19,8 +19,6 @@ from typing import TypeVar
 
 from elastic_sharding import fsops
 from elastic_sharding.claims.lease import (
-    DONE,
-    FAILED,
     attempt_failure,
     count_failures,
     read_attempt,
@@ -39,9 +37,8 @@ from elastic_sharding.records import (
     ShardSpec,
     decode,
 )
+from elastic_sharding.vocabulary import OUTCOMES, SHARD_STATES, AttemptOutcome, AttemptStatus, ClaimStatus, ShardState
 
-PENDING, RUNNING, STALE = "pending", "running", "stale"
-STATES = (PENDING, RUNNING, STALE, DONE, FAILED)
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -117,19 +114,19 @@ def _build_view(
     failure = _read(layout.failed(shard_id), FailureRecord)
     heartbeat = None
     age = None
-    if failure is not None or (claim is not None and claim.status == FAILED):
-        state = FAILED
+    if failure is not None or (claim is not None and claim.status == ClaimStatus.FAILED):
+        state = ShardState.FAILED
         if failure is not None:
             last_error = failure.last_error
-    elif completion is not None or (claim is not None and claim.status == DONE):
-        state = DONE
+    elif completion is not None or (claim is not None and claim.status == ClaimStatus.DONE):
+        state = ShardState.DONE
     elif claim is None:
-        state = PENDING
+        state = ShardState.PENDING
     else:
         heartbeat = read_claim_heartbeat(layout, claim)
         last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == claim.token else claim.claimed_at
         age = max(0.0, now - last_seen)
-        state = STALE if age > lock_timeout else RUNNING
+        state = ShardState.STALE if age > lock_timeout else ShardState.RUNNING
     return ShardView(spec, state, claim, heartbeat, completion, failure, failures, last_error, age)  # type: ignore[arg-type]
 
 
@@ -139,22 +136,10 @@ def job_views(layout: JobLayout, manifest: Manifest, lock_timeout: float) -> lis
 
 
 def counts(views: list[ShardView]) -> dict[str, int]:
-    result = {state: 0 for state in STATES}
+    result = {state.value: 0 for state in SHARD_STATES}
     for view in views:
         result[view.state] += 1
     return result
-
-
-# What became of an attempt, for status and the timeline report.
-SUCCEEDED, ATTEMPT_FAILED, SUPERSEDED, INTERRUPTED, ATTEMPT_RUNNING, ATTEMPT_STALE = (
-    "succeeded",
-    "failed",
-    "superseded",
-    "interrupted",
-    "running",
-    "stale",
-)
-OUTCOMES = (SUCCEEDED, ATTEMPT_FAILED, SUPERSEDED, INTERRUPTED, ATTEMPT_RUNNING, ATTEMPT_STALE)
 
 
 @dataclass
@@ -208,19 +193,19 @@ def _attempt_view(
     record = read_attempt(attempt_dir)
     if record is None:
         return None
-    if record.attempt_id == published and record.status != "succeeded":
-        record = replace(record, status="succeeded")
+    if record.attempt_id == published and record.status != AttemptStatus.SUCCEEDED:
+        record = replace(record, status=AttemptStatus.SUCCEEDED)
     files = attempt_files(attempt_dir)
-    superseded = record.status != "succeeded" and fsops.lexists(files["superseded"])
-    heartbeat = read_heartbeat(attempt_dir) if record.status == "running" or record.finished_at is None else None
+    superseded = record.status != AttemptStatus.SUCCEEDED and fsops.lexists(files["superseded"])
+    heartbeat = read_heartbeat(attempt_dir) if record.status == AttemptStatus.RUNNING or record.finished_at is None else None
     last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == record.token else record.started_at
     outcome = record.status
-    if record.status == "fenced" or superseded:
-        outcome = SUPERSEDED
-    elif record.status == "running":
-        live = archive is None and current is not None and current.token == record.token and current.status == "running"
-        outcome = ATTEMPT_RUNNING if live and now - last_seen <= lock_timeout else ATTEMPT_STALE
-    running = outcome == ATTEMPT_RUNNING
+    if record.status == AttemptStatus.FENCED or superseded:
+        outcome = AttemptOutcome.SUPERSEDED
+    elif record.status == AttemptStatus.RUNNING:
+        live = archive is None and current is not None and current.token == record.token and current.status == ClaimStatus.RUNNING
+        outcome = AttemptOutcome.RUNNING if live and now - last_seen <= lock_timeout else AttemptOutcome.STALE
+    running = outcome == AttemptOutcome.RUNNING
     ended_at = None if running else record.finished_at if record.finished_at is not None else last_seen
     counts, error = attempt_failure(record, superseded)
     return AttemptView(
@@ -231,7 +216,7 @@ def _attempt_view(
         runner=record.runner,
         started_at=record.started_at,
         ended_at=ended_at,
-        outcome=outcome if outcome in OUTCOMES else ATTEMPT_FAILED,
+        outcome=outcome if outcome in OUTCOMES else AttemptOutcome.FAILED,
         error=error or record.error,
         input_rows=spec.rows,
         input_bytes=spec.bytes,

@@ -12,7 +12,8 @@ from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from elastic_sharding.launch.submission import generations
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.metrics import STRAGGLER_FACTOR, Node, Running, WarmOperator, job_metrics
-from elastic_sharding.observe.snapshot import DONE, FAILED, PENDING, RUNNING, STALE, STATES, ShardView, counts, job_snapshot
+from elastic_sharding.observe.snapshot import ShardView, counts, job_snapshot
+from elastic_sharding.vocabulary import ShardState
 
 JSON_SCHEMA_VERSION = 2
 
@@ -42,7 +43,7 @@ def _shard_json(view: ShardView, attempts: int) -> dict[str, Any]:
         "host": view.owner,
         "attempt_id": view.attempt_id,
         "attempts": attempts,
-        "phase": view.heartbeat.phase if view.heartbeat is not None and view.state == RUNNING else None,
+        "phase": view.heartbeat.phase if view.heartbeat is not None and view.state == ShardState.RUNNING else None,
         "heartbeat_age_secs": _round(view.heartbeat_age),
         "secs": _round(took),
         "failures": view.failures,
@@ -117,9 +118,9 @@ class Status:
 
     @property
     def exit_code(self) -> int:
-        if self.counts[FAILED]:
+        if self.counts[ShardState.FAILED]:
             return EXIT_ERROR
-        if self.counts[DONE] == len(self.views):
+        if self.counts[ShardState.DONE] == len(self.views):
             return EXIT_OK
         return EXIT_INCOMPLETE
 
@@ -135,7 +136,7 @@ class Status:
         return [
             {"shard_id": v.shard_id, "state": v.state, "failures": v.failures, "error": v.last_error, "log": self._log_of(v)}
             for v in self.views
-            if v.state == FAILED or (v.last_error and v.state != DONE)
+            if v.state == ShardState.FAILED or (v.last_error and v.state != ShardState.DONE)
         ]
 
     def stale_claims(self) -> list[dict[str, Any]]:
@@ -148,7 +149,7 @@ class Status:
                 "heartbeat_age_secs": _round(v.heartbeat_age, 1),
             }
             for v in self.views
-            if v.state == STALE
+            if v.state == ShardState.STALE
         ]
 
     def as_json(self) -> dict[str, Any]:
@@ -162,7 +163,7 @@ class Status:
             "lock_timeout_secs": self.lock_timeout,
             "stale_is_estimate": True,
             "complete": self.exit_code == EXIT_OK,
-            "failed": self.counts[FAILED] > 0,
+            "failed": self.counts[ShardState.FAILED] > 0,
             "exit_code": self.exit_code,
             "shards_total": len(self.views),
             "counts": self.counts,
@@ -202,7 +203,7 @@ class Status:
         return [
             f"{item['shard_id']} last error: {item['error']}" + (f" (log: {item['log']})" if item["log"] else "")
             for item in self.failures()
-            if item["state"] == FAILED or not failed_only
+            if item["state"] == ShardState.FAILED or not failed_only
         ]
 
     def summary_line(self) -> str:
@@ -242,7 +243,7 @@ class Status:
         return ["nodes:", *lines]
 
     def _shard_lines(self, show_all: bool) -> list[str]:
-        interesting = self.views if show_all else [v for v in self.views if v.state not in (PENDING, DONE)]
+        interesting = self.views if show_all else [v for v in self.views if v.state not in (ShardState.PENDING, ShardState.DONE)]
         if not interesting:
             return []
         lines = [f"{'shard':<22} {'state':<8} {'rows':>9} {'host':<20} {'age/took':>8} {'fails':>5}  attempt"]
@@ -269,7 +270,7 @@ class Status:
             )
         lines += self._shard_lines(show_all)
         lines += [f"  {line}" for line in self.errors()]
-        if self.counts[STALE]:
+        if self.counts[ShardState.STALE]:
             lines.append(
                 "  stale = no heartbeat for longer than the lock timeout by this machine's clock (an estimate); "
                 "a worker takes such a claim over after watching it for one lease"
@@ -281,12 +282,14 @@ class Status:
             )
             abort = run["abort"]
             ending = (
-                f"; FAILED in {abort['phase']} on {abort['host']} (exit {abort['exit_code']}): {abort['reason']}" if abort else ""
+                f"; ShardState.FAILED in {abort['phase']} on {abort['host']} (exit {abort['exit_code']}): {abort['reason']}"
+                if abort
+                else ""
             )
             lines.append(f"  dlc run {run['run_id']}: {phases}{ending}  [{run['dir']}]")
-        if not show_all and any(v.state in (PENDING, DONE) for v in self.views):
+        if not show_all and any(v.state in (ShardState.PENDING, ShardState.DONE) for v in self.views):
             lines.append("  (--all lists every shard)")
         return "\n".join(lines)
 
 
-__all__ = ["Status", "STATES"]
+__all__ = ["Status"]

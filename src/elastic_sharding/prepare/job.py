@@ -59,7 +59,6 @@ from elastic_sharding.records import (
     RecipeJudged,
     Request,
     ScanResult,
-    Settings,
     ShardCut,
     ShardSpec,
     ShardWritten,
@@ -68,6 +67,7 @@ from elastic_sharding.records import (
     load,
     shard_id_for,
 )
+from elastic_sharding.settings import Settings, validate_settings
 
 log = logging.getLogger(__name__)
 
@@ -87,38 +87,6 @@ class PrepareRequest:
 class PrepareResult:
     manifest: Manifest
     created: bool
-
-
-def validate_settings(settings: Settings) -> None:
-    if settings.lock_timeout_secs <= 0:
-        raise UsageError("--lock-timeout-secs must be positive")
-    if settings.max_retries < 0:
-        raise UsageError("--max-retries must be zero or more")
-    if settings.poll_interval_secs <= 0:
-        raise UsageError("--poll-interval-secs must be positive")
-    if settings.heartbeat_interval_secs <= 0:
-        raise UsageError("--heartbeat-interval-secs must be positive")
-    if settings.heartbeat_interval_secs * 2 > settings.lock_timeout_secs:
-        raise UsageError(
-            f"--heartbeat-interval-secs ({settings.heartbeat_interval_secs:g}) must be at most half of "
-            f"--lock-timeout-secs ({settings.lock_timeout_secs:g}) so a live claim always shows a heartbeat within one lease"
-        )
-    if not settings.ray_address:
-        raise UsageError("--ray-address must not be empty")
-    for flag, value in (
-        ("--ray-num-cpus", settings.ray_num_cpus),
-        ("--ray-object-store-mb", settings.ray_object_store_mb),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1")
-    if settings.ray_num_gpus is not None and settings.ray_num_gpus < 0:
-        raise UsageError("--ray-num-gpus must be zero or more")
-    if settings.ray_object_store_mb is not None and settings.ray_object_store_mb < 75:
-        raise UsageError("--ray-object-store-mb must be at least 75 (Ray's minimum object store)")
-    if settings.claim_ahead_secs < 0:
-        raise UsageError("--claim-ahead-secs must be zero or more")
-    if settings.ray_temp_dir is not None and not os.path.isabs(settings.ray_temp_dir):
-        raise UsageError(f"--ray-temp-dir must be an absolute path, got {settings.ray_temp_dir!r}")
 
 
 def _stat(path: Path, context: str = "") -> os.stat_result:

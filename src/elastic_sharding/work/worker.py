@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,6 @@ import yaml
 
 from elastic_sharding import crashpoints, fsops
 from elastic_sharding.claims.lease import (
-    DONE,
-    FAILED,
     Claim,
     Claims,
     HeartbeatThread,
@@ -44,9 +42,10 @@ from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, AttemptFailed, AttemptI
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
 from elastic_sharding.prepare.cooperate import JOIN_ENV, help_until_prepared
-from elastic_sharding.prepare.job import validate_settings
-from elastic_sharding.records import AttemptRecord, CompletionRecord, Manifest, Settings, ShardSpec, encode, load, operator_stats
+from elastic_sharding.records import AttemptRecord, CompletionRecord, Manifest, ShardSpec, encode, load, operator_stats
+from elastic_sharding.settings import Overrides, with_overrides
 from elastic_sharding.signals import on_stop_signals
+from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus, Phase
 from elastic_sharding.work.collect import collect, remove_raw_output, remove_unused_output
 from elastic_sharding.work.runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 
@@ -57,30 +56,12 @@ MIN_HANG_SECS = 5.0
 
 
 @dataclass
-class WorkerOptions:
+class WorkerOptions(Overrides):
+    """A worker's command line: its overrides of the job's settings, and what only it has."""
+
     max_shards: int | None = None
-    lock_timeout_secs: float | None = None
-    max_retries: int | None = None
-    poll_interval_secs: float | None = None
-    heartbeat_interval_secs: float | None = None
-    ray_address: str | None = None
-    ray_num_cpus: int | None = None
-    ray_num_gpus: int | None = None
-    ray_object_store_mb: int | None = None
-    ray_temp_dir: str | None = None
-    claim_ahead_secs: float | None = None
     allow_version_mismatch: bool = False
     runner: str = DEFAULT_RUNNER
-
-
-def effective_settings(manifest: Manifest, options: WorkerOptions) -> Settings:
-    """The manifest's settings with every one this worker's options set (all Settings fields
-    are also WorkerOptions fields)."""
-    settings = manifest.request.settings
-    overrides = {f.name: getattr(options, f.name) for f in fields(settings) if getattr(options, f.name) is not None}
-    settings = replace(settings, **overrides)
-    validate_settings(settings)
-    return settings
 
 
 def check_engine(manifest: Manifest, allow_mismatch: bool) -> None:
@@ -171,7 +152,7 @@ class Worker:
         check_job_filesystem(self.layout.root)
         self.manifest = self.layout.load_manifest()
         self.options = options
-        self.settings = effective_settings(self.manifest, options)
+        self.settings = with_overrides(self.manifest.request.settings, options)
         self.host = socket.gethostname()
         self.claims = Claims(self.layout, self.host, os.getpid())
         self.observer = StalenessObserver(self.settings.lock_timeout_secs)
@@ -231,7 +212,7 @@ class Worker:
             if self.stopping:
                 log.warning("worker stopping: %s", self.stopping)
                 return EXIT_ERROR
-            if self.staged is not None and FAILED not in self.terminal.values():
+            if self.staged is not None and ClaimStatus.FAILED not in self.terminal.values():
                 staged, self.staged = self.staged, None
                 self._execute(staged)
                 continue
@@ -253,7 +234,7 @@ class Worker:
 
     def scan(self) -> tuple[Claim | None, list[str]]:
         """One pass over the shards in manifest order: claim the first claimable one."""
-        failed = [shard for shard, status in self.terminal.items() if status == FAILED]
+        failed = [shard for shard, status in self.terminal.items() if status == ClaimStatus.FAILED]
         if failed:
             return None, failed
         for spec in self.manifest.shards:
@@ -267,21 +248,21 @@ class Worker:
                 continue
             if record is None:
                 if fsops.lexists(self.layout.done(shard_id)):
-                    self.claims.try_claim(shard_id, status=DONE)
-                    self.terminal[shard_id] = DONE
+                    self.claims.try_claim(shard_id, status=ClaimStatus.DONE)
+                    self.terminal[shard_id] = ClaimStatus.DONE
                     self._sweep_leftovers(shard_id)  # its publisher died before recording it
                     continue
                 if fsops.lexists(self.layout.failed(shard_id)):
-                    self.terminal[shard_id] = FAILED
+                    self.terminal[shard_id] = ClaimStatus.FAILED
                     return None, [shard_id]
                 claim = self.claims.try_claim(shard_id)
                 if claim is not None:
                     return (claim, []) if self._within_retry_limit(claim) else (None, [shard_id])
                 continue
-            if record.status in (DONE, FAILED):
+            if record.status in (ClaimStatus.DONE, ClaimStatus.FAILED):
                 self.terminal[shard_id] = record.status
                 self.observer.forget(shard_id)
-                if record.status == FAILED:
+                if record.status == ClaimStatus.FAILED:
                     return None, [shard_id]
                 continue
             heartbeat = read_claim_heartbeat(self.layout, record)
@@ -293,14 +274,14 @@ class Worker:
             if fsops.lexists(self.layout.done(shard_id)):
                 # Completed, but its owner died before recording it in the claim (P6 repair).
                 self.claims.repair_done(record, unchanged)
-                self.terminal[shard_id] = DONE
+                self.terminal[shard_id] = ClaimStatus.DONE
                 self._sweep_leftovers(shard_id)  # it may also have died before its sweep
                 continue
             if self.claims.take_over(record, unchanged):
                 claim = self.claims.try_claim(shard_id)
                 if claim is not None:
                     return (claim, []) if self._within_retry_limit(claim) else (None, [shard_id])
-        failed = [shard for shard, status in self.terminal.items() if status == FAILED]
+        failed = [shard for shard, status in self.terminal.items() if status == ClaimStatus.FAILED]
         return None, failed
 
     def _within_retry_limit(self, claim: Claim) -> bool:
@@ -316,7 +297,7 @@ class Worker:
             "%s failed %d time(s) (limit %d retries): marking it failed", claim.shard_id, failures, self.settings.max_retries
         )
         self.claims.mark_failed_terminal(claim, failures, last_attempt, last_error)
-        self.terminal[claim.shard_id] = FAILED
+        self.terminal[claim.shard_id] = ClaimStatus.FAILED
         return False
 
     # -- one attempt --------------------------------------------------------------------------
@@ -408,12 +389,12 @@ class Worker:
             self.runner.run(ctx)
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
-            ctx.set_phase("collecting output", rows_done=spec.rows, bytes_done=spec.bytes)
+            ctx.set_phase(Phase.COLLECTING_OUTPUT, rows_done=spec.rows, bytes_done=spec.bytes)
             try:
                 stats = collect(ctx.ray_output, files["processed"], spec.first_row, spec.rows)
             except OSError as exc:
                 raise AttemptFailed(f"collecting output failed: {exc}") from None
-            ctx.set_phase("publishing")
+            ctx.set_phase(Phase.PUBLISHING)
             completion = CompletionRecord(
                 shard_id=claim.shard_id,
                 attempt_id=claim.attempt_id,
@@ -436,12 +417,12 @@ class Worker:
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
             self._sweep_leftovers(claim.shard_id, published=claim.attempt_id)
             crashpoints.reached("published")
-            self.claims.finish(claim, DONE)
+            self.claims.finish(claim, ClaimStatus.DONE)
             self.completed += 1
             self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
             record = replace(
                 record,
-                status="succeeded",
+                status=AttemptStatus.SUCCEEDED,
                 finished_at=time.time(),
                 exit_code=0,
                 setup_secs=ctx.setup_secs or None,
@@ -466,7 +447,7 @@ class Worker:
             lookahead.finish()
 
     def _check_input(self, ctx: AttemptContext, spec: ShardSpec) -> None:
-        ctx.set_phase("verifying input")
+        ctx.set_phase(Phase.VERIFYING_INPUT)
         shard_path = self.layout.shard_input(spec.shard_id)
         try:
             digest = sha256_file(shard_path)
@@ -475,7 +456,7 @@ class Worker:
         if digest != spec.sha256:
             raise AttemptFailed(f"shard input {shard_path} is corrupt: sha256 {digest} != manifest {spec.sha256}")
         self._write_attempt_recipe(ctx, shard_path)
-        ctx.set_phase("queued")
+        ctx.set_phase(Phase.QUEUED)
 
     # -- claim-ahead ----------------------------------------------------------------------------
 
@@ -529,9 +510,9 @@ class Worker:
     ) -> None:
         files = attempt_files(ctx.attempt_dir)
         lost = ctx.stop_reason() is not None and ctx.stop_reason().startswith("claim lost")
-        status = "fenced" if lost else "failed"
+        status = AttemptStatus.FENCED if lost else AttemptStatus.FAILED
         if (self.stopping or handback) and not lost:
-            status = "interrupted"
+            status = AttemptStatus.INTERRUPTED
         record = replace(record, status=status, finished_at=time.time(), error=error, setup_secs=ctx.setup_secs or None)
         try:
             fsops.replace_atomic(files["record"], encode(record))
@@ -543,7 +524,7 @@ class Worker:
         if lost:
             log.error("%s: %s; nothing was published", claim.shard_id, error)
             return
-        if status == "interrupted":
+        if status == AttemptStatus.INTERRUPTED:
             self.claims.release(claim)
             log.warning("%s: handed back (%s)", claim.shard_id, error)
             return
@@ -559,7 +540,7 @@ class Worker:
         log.error("  log: %s", files["log"])
         if failures > self.settings.max_retries:
             self.claims.mark_failed_terminal(claim, failures, last_attempt, error)
-            self.terminal[claim.shard_id] = FAILED
+            self.terminal[claim.shard_id] = ClaimStatus.FAILED
         else:
             self.claims.release(claim)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.errors import AttemptFailed
+from elastic_sharding.vocabulary import Phase
 from elastic_sharding.work.runners.base import AttemptContext, NodeRuntime
 from elastic_sharding.work.runners.lifeline import Lifeline
 
@@ -156,7 +157,7 @@ class ProcessRunner:
     def run(self, ctx: AttemptContext) -> None:
         command = self._command(ctx.recipe_path)
         proc, lifeline = start_child(command, ctx.env, log_path=ctx.log_path, cwd=ctx.attempt_dir)
-        ctx.set_phase("processing")
+        ctx.set_phase(Phase.PROCESSING)
         try:
             while True:
                 try:

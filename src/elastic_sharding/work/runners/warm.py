@@ -31,6 +31,7 @@ import orjson
 
 from elastic_sharding import fsops
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted
+from elastic_sharding.vocabulary import Phase
 from elastic_sharding.work.runners.base import AttemptContext, NodeRuntime
 from elastic_sharding.work.runners.process import last_error_line, start_child, stop_process_group
 
@@ -176,7 +177,7 @@ class WarmRunner:
 
     def _start(self, ctx: AttemptContext) -> _Server:
         self._started += 1
-        ctx.set_phase("starting warm runtime")
+        ctx.set_phase(Phase.STARTING_WARM_RUNTIME)
         began = time.monotonic()
         server = _Server(self.runtime, self._runtime_log(), self._started)
         log.info("starting warm runtime pid %d (ray address %s; log %s)", server.pid, self.runtime.ray_address, server.log_path)
@@ -275,7 +276,7 @@ class WarmRunner:
                 f"runtime log {server.log_path}\n".encode()
             )
         server.send(op="run", attempt=ctx.attempt_id, shard=ctx.shard_id, recipe=str(ctx.recipe_path), log=str(ctx.log_path))
-        ctx.set_phase("processing")
+        ctx.set_phase(Phase.PROCESSING)
 
     def _send_cancel(self, entry: _InFlight) -> None:
         entry.cancelled_at = time.monotonic()
