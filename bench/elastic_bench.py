@@ -1,4 +1,4 @@
-"""elastic-sharding benchmark: every performance ratio of DESIGN §5, each measured side by side
+"""elastic-sharding benchmark: every performance ratio of bench/README.md, each measured side by side
 with its baseline in this one invocation (on a shared, noisy box only ratios mean anything).
 
 Usage: bench/run [--quick] [--rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]

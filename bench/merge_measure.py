@@ -96,7 +96,7 @@ def build_job(workdir: Path, total_mb: float) -> Path:
 
 
 def shard_outputs(job: Path) -> list[Path]:
-    from elastic_sharding.finish.merge import completed_outputs
+    from elastic_sharding.finish.validate import completed_outputs
     from elastic_sharding.layout import JobLayout
 
     return [path for _, path in completed_outputs(JobLayout(job))]

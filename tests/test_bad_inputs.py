@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import SIMPLE_RECIPE
+from support.jobs import SIMPLE_RECIPE
 
 import elastic_sharding
 from elastic_sharding.errors import InputError

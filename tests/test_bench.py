@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import REPO
+from support.jobs import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -7,9 +7,9 @@ import json
 import threading
 import time
 
-from fakes import FakeRunner
+from support.fakes import FakeRunner
 
-from elastic_sharding.claims.lease import Claims
+from elastic_sharding.claims.protocol import Claims
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 

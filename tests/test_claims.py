@@ -1,4 +1,4 @@
-"""The claim/lease protocol (DESIGN §3, P1-P6) with the fake runner and real processes."""
+"""The claim/lease protocol (docs/design/protocol.md, P1-P6) with the fake runner and real processes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import subprocess
 import sys
 import time
 
-from fakes import FakeRunner
+from support.fakes import FakeRunner
+from support.jobs import wait_until_ready
 
-from elastic_sharding.claims.lease import Claims, HeartbeatThread, count_failures, read_claim
+from elastic_sharding.claims.heartbeat import HeartbeatThread
+from elastic_sharding.claims.history import count_failures
+from elastic_sharding.claims.protocol import Claims, read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.records import CompletionRecord
 from elastic_sharding.work.worker import Worker, WorkerOptions
@@ -18,11 +21,12 @@ RACER = r"""
 import json, sys, time
 from pathlib import Path
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.claims.lease import Claims
+from elastic_sharding.claims.protocol import Claims
 job, go, index = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 layout = JobLayout(job)
 ids = [s.shard_id for s in layout.load_manifest().shards]
 claims = Claims(layout, host=f"racer{index}", pid=1000 + index)
+(go.parent / f"ready-{index}").touch()  # at the start line: the parent says go once all 16 are here
 while not go.exists():
     time.sleep(0.001)
 won = [shard for shard in ids if claims.try_claim(shard) is not None]
@@ -37,7 +41,7 @@ def test_sixteen_processes_race_for_every_claim_and_each_shard_has_one_winner(ma
         subprocess.Popen([sys.executable, "-c", RACER, str(job), str(go), str(i)], stdout=subprocess.PIPE, text=True)
         for i in range(16)
     ]
-    time.sleep(1.5)
+    wait_until_ready([tmp_path / f"ready-{i}" for i in range(16)], *procs, timeout=120)
     go.touch()
     won = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
@@ -134,7 +138,7 @@ def test_finished_shard_stays_done_even_without_its_done_record(make_job):
 
 
 def test_attempt_ids_are_safe_path_names_for_any_hostname():
-    from elastic_sharding.claims.lease import new_attempt_id, new_token
+    from elastic_sharding.claims.protocol import new_attempt_id, new_token
     from elastic_sharding.records import ATTEMPT_ID_RE
 
     for host in ["node-a", "节点", "a b/../c", "x" * 300, ""]:

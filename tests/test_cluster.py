@@ -1,4 +1,4 @@
-"""The GlusterFS test cluster itself (tests/cluster.py): real races, separate hosts, faults, and a clean tear-down."""
+"""The GlusterFS test cluster itself (tests/support/cluster.py): real races, separate hosts, faults, and a clean tear-down."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from cluster import REGISTRY, Cluster, _alive, _ns_ids, _pids_in, _proc_stat, cluster_factory
+from support.cluster import REGISTRY, Cluster, _alive, _ns_ids, _pids_in, _proc_stat, cluster_factory
 
 pytestmark = pytest.mark.cluster
 
@@ -272,8 +272,10 @@ def test_a_failed_up_tears_down_what_it_built(monkeypatch):
 
 
 def start_script(*args: str) -> tuple[subprocess.Popen, str]:
-    """`python tests/cluster.py up ...` until it says it is up; returns it and its private dir."""
-    proc = subprocess.Popen([sys.executable, str(TESTS / "cluster.py"), "up", *args], stdout=subprocess.PIPE, text=True)
+    """`python tests/support/cluster.py up ...` until it says it is up; returns it and its private dir."""
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "support" / "cluster.py"), "up", *args], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     lines = []
     while not lines or not lines[-1].startswith("Ctrl-C"):

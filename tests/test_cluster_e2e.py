@@ -1,4 +1,4 @@
-"""The launch flows end to end on a real network filesystem: a GlusterFS volume (tests/cluster.py)
+"""The launch flows end to end on a real network filesystem: a GlusterFS volume (tests/support/cluster.py)
 mounted at the same path on simulated nodes, each with its own network, mount and UTS namespace.
 Real Data-Juicer + Ray on every node; each merged output must equal, byte for byte, a plain
 single-process `dj-process` run over the whole input.
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from e2e_support import DEMO_RECIPE, DLC_JOB, SHARD_JOB
+from support.e2e_support import DEMO_RECIPE, DLC_JOB, SHARD_JOB
+from support.jobs import REPO
 
 from elastic_sharding.work.runners import DEFAULT_RUNNER
 
@@ -117,7 +117,7 @@ def test_a_stopped_real_worker_is_fenced_and_its_data_juicer_runtime_stopped(glu
     import signal
     import time
 
-    from e2e_support import processes_with
+    from support.e2e_support import processes_with
 
     cluster = gluster(nodes=2, mode="strict")
     a, b = cluster.nodes

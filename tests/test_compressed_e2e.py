@@ -7,7 +7,7 @@ import gzip
 
 import pytest
 import zstandard
-from e2e_support import DEMO_DATA, DEMO_RECIPE, shard_job
+from support.e2e_support import DEMO_DATA, DEMO_RECIPE, shard_job
 
 pytestmark = pytest.mark.e2e
 

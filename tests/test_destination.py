@@ -16,13 +16,14 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import TESTS, refused, sample_rows, snapshot, write_jsonl
-from e2e_support import needs_unshare
+from support.e2e_support import needs_unshare
+from support.fake_worker import launch_command
+from support.jobs import refused, sample_rows, snapshot, write_jsonl
 from test_bad_inputs import _unprivileged_prefix
 
 import elastic_sharding
 from elastic_sharding import fsops
-from elastic_sharding.launch.submission import coordination_root
+from elastic_sharding.claims.submission import coordination_root
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
 
@@ -168,7 +169,7 @@ def launch(tmp_path: Path):
     recipe.write_text(RECIPE.format(dataset=dataset))
 
     def run(command: str, *args: str, count: int = 1, prefix: tuple[str, ...] = (), script: tuple[str, ...] = ()) -> list[int]:
-        argv = [sys.executable, str(TESTS / "fake_dlc.py"), *script, command, "--config", str(recipe), *QUICK, *args]
+        argv = launch_command(*script, command, "--config", str(recipe), *QUICK, *args)
         procs = []
         for i in range(count):
             with open(tmp_path / f"{command}-{i}.log", "ab") as log:

@@ -13,8 +13,8 @@ import sys
 
 import orjson
 import pytest
-from conftest import REPO, TESTS, write_jsonl
-from e2e_support import SHARD_JOB, needs_unshare, prepare_demo, prepare_job, processes_with, shard_job, start_node
+from support.e2e_support import SHARD_JOB, needs_unshare, prepare_demo, prepare_job, processes_with, shard_job, start_node
+from support.jobs import REPO, TESTS, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -28,10 +28,9 @@ def test_killed_node_is_taken_over_and_the_result_is_unchanged(tmp_path, demo_ba
     prepare_demo(job, "--num-shards", "2", "--lock-timeout-secs", "6", "--poll-interval-secs", "1")
     node_a = start_node("node-a", "worker", "--job-dir", str(job), log=tmp_path / "node-a.log")
     deadline = time.monotonic() + 120
-    while not list(job.glob("attempts/*/*/recipe.yaml")):
+    while not list(job.glob("attempts/*/*/recipe.yaml")) or not processes_with(str(job / "cache")):  # mid-shard
         assert time.monotonic() < deadline and node_a.poll() is None, (tmp_path / "node-a.log").read_text()[-3000:]
         time.sleep(0.2)
-    time.sleep(1)
     node_a.send_signal(signal.SIGKILL)
     node_a.wait()
     node_b = start_node("node-b", "worker", "--job-dir", str(job), log=tmp_path / "node-b.log")
@@ -135,10 +134,9 @@ def test_stopping_a_real_worker_stops_its_data_juicer_process(tmp_path, sig):
         [sys.executable, str(SHARD_JOB), "worker", "--job-dir", str(job)], cwd=REPO, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 120
-    while not list(job.glob("attempts/*/*/recipe.yaml")):
+    while not list(job.glob("attempts/*/*/recipe.yaml")) or not processes_with(str(job / "cache")):
         assert time.monotonic() < deadline and worker.poll() is None, "dj-process never started"
         time.sleep(0.2)
-    time.sleep(2)
     worker.send_signal(getattr(signal, sig))
     _, err = worker.communicate(timeout=120)
     deadline = time.monotonic() + 60

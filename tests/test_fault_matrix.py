@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from fault_matrix import KINDS, run
+from support.fault_matrix import KINDS, run
 
 pytestmark = pytest.mark.cluster
 

@@ -6,15 +6,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
-from conftest import TESTS, cli, sample_rows
-from fakes import FakeRunner
+from support.fake_worker import worker_command
+from support.fakes import FakeRunner
+from support.jobs import cli, sample_rows, wait_until_ready
 
-from elastic_sharding.claims.lease import read_claim
+from elastic_sharding.claims.protocol import read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
@@ -22,7 +22,7 @@ SHARD = "part-00000-of-00001"
 
 
 def fake_worker(job: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(TESTS / "fake_worker.py"), str(job), *args], stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(worker_command(job, *args), stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
@@ -59,10 +59,10 @@ def test_stopped_worker_is_fenced_when_it_resumes(make_job, tmp_path):
     must not publish and must stop its work."""
     job = make_job(rows=10, shards=1, lock_timeout_secs=1.0, heartbeat_interval_secs=0.1)
     layout = JobLayout(job)
-    stalled = fake_worker(job, "--delay", "3")
-    wait_for(lambda: read_claim(layout, SHARD) is not None)
+    processing = tmp_path / "processing"
+    stalled = fake_worker(job, "--delay", "3", "--ready-file", str(processing))
+    wait_until_ready(processing, stalled)
     first = read_claim(layout, SHARD)
-    time.sleep(0.3)
     os.kill(stalled.pid, signal.SIGSTOP)
     try:
         assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0

@@ -17,17 +17,17 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import test_destination
-from conftest import TESTS, refused, snapshot
+from support.fake_worker import worker_command
+from support.jobs import refused, snapshot
 from test_destination import launcher_args
 
 from elastic_sharding import fsops, fsprobe
+from elastic_sharding.claims.submission import coordination_root
 from elastic_sharding.errors import UnsuitableFilesystem
-from elastic_sharding.launch.submission import coordination_root
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
 launch = test_destination.launch  # the fixture that runs launchers with the fake runner
@@ -218,7 +218,7 @@ def test_a_mount_that_passed_is_not_probed_again_in_the_process_but_one_that_fai
 
 def test_a_killed_probe_leaves_its_directory_and_the_next_one_on_the_host_removes_it(make_job, tmp_path):
     job = make_job(rows=12, shards=3)
-    worker = [sys.executable, str(TESTS / "fake_worker.py"), str(job)]
+    worker = worker_command(job)
     killed = subprocess.run(worker, env={**os.environ, "ELASTIC_SHARD_CRASH_AT": "probing"}, capture_output=True, timeout=120)
     assert killed.returncode == -9
     left = probe_dirs(job)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import REPO, TESTS, cli, sample_rows
-from fakes import FakeRunner
+from support.fake_worker import worker_command
+from support.fakes import FakeRunner
+from support.jobs import REPO, cli, sample_rows
 
-from elastic_sharding.claims.lease import read_claim
+from elastic_sharding.claims.protocol import read_claim
 from elastic_sharding.errors import AttemptFailed
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.work.collect import remove_raw_output
@@ -48,9 +49,7 @@ def merged_bytes(job: Path, out: Path) -> bytes:
 def crashed_worker(job: Path, point: str) -> subprocess.CompletedProcess:
     """A fake worker in its own process that SIGKILLs itself at crash point `point`."""
     env = {**os.environ, "ELASTIC_SHARD_CRASH_AT": point}
-    return subprocess.run(
-        [sys.executable, str(TESTS / "fake_worker.py"), str(job)], env=env, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run(worker_command(job), env=env, capture_output=True, text=True, timeout=120)
 
 
 # -- fast ------------------------------------------------------------------------------------------
@@ -193,7 +192,7 @@ def test_the_breakdown_counts_a_linked_directory_output_once(tmp_path):
 
 def _demo_input(path: Path, copies: int) -> Path:
     """The bundled demo data, `copies` times over with fresh ids (the demo recipe's ops are row-wise)."""
-    from e2e_support import DEMO_DATA
+    from support.e2e_support import DEMO_DATA
 
     rows = [orjson.loads(line) for line in DEMO_DATA.read_bytes().splitlines()]
     with open(path, "wb") as out:
@@ -204,7 +203,7 @@ def _demo_input(path: Path, copies: int) -> Path:
 
 @pytest.mark.e2e
 def test_a_real_run_leaves_no_raw_export_and_the_job_dir_holds_the_data_about_twice(tmp_path):
-    from e2e_support import DEMO_RECIPE, prepare_job, shard_job
+    from support.e2e_support import DEMO_RECIPE, prepare_job, shard_job
 
     dataset = _demo_input(tmp_path / "input.jsonl", copies=60)  # ~4.6 MB: the logs are ~4 % of it
     input_bytes = dataset.stat().st_size

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import TESTS, sample_rows, write_jsonl
+from support.fake_worker import launch_command
+from support.jobs import sample_rows, write_jsonl
 
+from elastic_sharding.claims.submission import Generation, coordination_root, resolve_run_id
 from elastic_sharding.errors import UsageError
 from elastic_sharding.launch.dlc import strict_claim_cap
-from elastic_sharding.launch.submission import Generation, coordination_root, resolve_run_id
 from elastic_sharding.launch.two_node import with_two_node_defaults
 from elastic_sharding.observe.status import Status
 from elastic_sharding.records import Outcome, PhaseLock, decode, encode
@@ -117,9 +117,7 @@ process:
 def dlc_instance(tmp_path: Path, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = dict(os.environ, **(env or {}))
     log = open(tmp_path / f"{name}.log", "w")
-    return subprocess.Popen(
-        [sys.executable, str(TESTS / "fake_dlc.py"), "dlc", *args], stdout=subprocess.DEVNULL, stderr=log, env=full_env
-    )
+    return subprocess.Popen(launch_command("dlc", *args), stdout=subprocess.DEVNULL, stderr=log, env=full_env)
 
 
 def run_instances(tmp_path: Path, count: int, *args: str, env: dict | None = None, tag: str = "") -> list[int]:
@@ -283,7 +281,7 @@ def test_local_launcher_hands_back_the_claims_of_a_worker_it_saw_die(make_job):
     """The local launcher reaped the worker, so it knows the owner is dead: no lease to wait."""
     from test_faults import fake_worker, wait_for
 
-    from elastic_sharding.claims.lease import read_claim
+    from elastic_sharding.claims.protocol import read_claim
     from elastic_sharding.launch.local import _release_claims_of
     from elastic_sharding.launch.steps import JobRequest
     from elastic_sharding.layout import JobLayout, attempt_files
@@ -360,7 +358,7 @@ def test_sigterm_drains_an_instance_without_failing_the_submission(tmp_path, dlc
 
     from test_faults import wait_for
 
-    from elastic_sharding.claims.lease import read_claim
+    from elastic_sharding.claims.protocol import read_claim
     from elastic_sharding.layout import JobLayout
 
     job, _, args = dlc_job
@@ -390,7 +388,7 @@ def test_dlc_job_prepare_then_dlc_is_one_and_the_same_job(tmp_path, dlc_job, mon
     monkeypatch.chdir(tmp_path)
     assert main(["prepare", "--config", recipe, "--job-dir", str(job)], profile="dlc") == 0
     code = subprocess.run(
-        [sys.executable, str(TESTS / "fake_dlc.py"), "dlc", "--config", recipe, "--job-dir", str(job), "--run-id", "r"],
+        launch_command("dlc", "--config", recipe, "--job-dir", str(job), "--run-id", "r"),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert code.returncode == 0, code.stderr[-3000:]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import TESTS, write_jsonl
-from e2e_support import DLC_JOB, TWO_NODE, needs_unshare, read_log, run_script, start_node, wait_all
+from support.e2e_support import DLC_JOB, TWO_NODE, needs_unshare, read_log, run_script, start_node, wait_all
+from support.jobs import TESTS, write_jsonl
 
-from elastic_sharding.launch.submission import Generation
+from elastic_sharding.claims.submission import Generation
 
 pytestmark = pytest.mark.e2e
 

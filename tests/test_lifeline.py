@@ -9,14 +9,14 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO
+from support.jobs import REPO
 
 # A stand-in worker: starts a child in its own session that holds the lifeline and has a
 # grandchild in its group (as Ray's helpers are), reports both pids, then waits to be killed.
 WORKER = r"""
 import os, subprocess, sys, time
 from elastic_sharding.work.runners.lifeline import Lifeline
-from elastic_sharding.work.runners.process import child_env
+from elastic_sharding.children import child_env
 CHILD = (
     "import subprocess, sys, time\n"
     "from elastic_sharding.work.runners.lifeline import hold_group\n"

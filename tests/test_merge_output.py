@@ -1,7 +1,8 @@
 """merge without a serial copy: the merged file built with copy_file_range (and its read/write
 fallback), the directory output (one JSONL per shard, hard-linked or copied, an index written last,
-renamed into place whole), verify of both forms, existing directories and --overwrite, the
-launchers' finalize with a directory output (fake runner, fast)."""
+renamed into place whole), existing directories and --overwrite, the launchers' finalize with a
+directory output (fake runner, fast). The `job` fixture (tests/conftest.py): four shards, the third
+with no rows left. `verify` of both forms is in test_verify.py, merge's refusals in test_merge.py."""
 
 from __future__ import annotations
 
@@ -13,43 +14,20 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import cli, refused, snapshot
-from fakes import FakeRunner
+from support.jobs import cli, refused, snapshot
+from support.outputs import hidden_leftovers, keep, records
 from test_destination import launch, launcher_args  # noqa: F401 - `launch` is a fixture
 
 import elastic_sharding.finish.merge as merge_mod
 from elastic_sharding import destination
 from elastic_sharding.destination import INDEX_NAME
-from elastic_sharding.errors import IntegrityError, UsageError
+from elastic_sharding.errors import IntegrityError
 from elastic_sharding.finish import parallel_copy
 from elastic_sharding.finish.merge import merge
 from elastic_sharding.finish.verify import verify
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.work.worker import Worker, WorkerOptions
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
-
-EMPTY = set()  # the rows of the job's third shard: filtered out, so that shard has no rows left
-
-
-def keep(row: dict) -> bool:
-    return row["id"] not in EMPTY
-
-
-@pytest.fixture
-def job(make_job) -> Path:
-    """A finished four-shard job whose third shard has no rows left."""
-    job = make_job(rows=40, shards=4)
-    spec = JobLayout(job).load_manifest().shards[2]
-    EMPTY.clear()
-    EMPTY.update(range(spec.first_row, spec.first_row + spec.rows))
-    assert Worker(job, WorkerOptions(), runner=FakeRunner(keep=keep)).run() == 0
-    return job
-
-
-def records(job: Path) -> list[dict]:
-    layout = JobLayout(job)
-    return [orjson.loads(layout.done(spec.shard_id).read_bytes()) for spec in layout.load_manifest().shards]
 
 
 def shard_output(job: Path, record: dict) -> Path:
@@ -70,10 +48,6 @@ def raising(code: int):
         raise OSError(code, os.strerror(code))
 
     return fail
-
-
-def hidden_leftovers(parent: Path) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
 
 
 # -- the two forms ---------------------------------------------------------------------------------
@@ -245,24 +219,6 @@ def test_a_corrupt_shard_leaves_an_earlier_directory_output_untouched(job, tmp_p
     assert after.keys() == before.keys() and hidden_leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("form", ["file", "directory"])
-def test_a_completion_record_whose_row_count_was_changed_is_refused(job, tmp_path, form):
-    """The record's sha256 still matches its output: only the row count read with it tells
-    (found by the fault matrix's corrupt kind, seed 26)."""
-    layout = JobLayout(job)
-    done = records(job)[1]
-    path = layout.done(done["shard_id"])
-    path.write_bytes(orjson.dumps({**done, "output_rows": done["output_rows"] + 1}))
-    out = tmp_path / ("out/" if form == "directory" else "merged.jsonl")
-    rows = f"rows {done['output_rows']} vs {done['output_rows'] + 1}"
-    with pytest.raises(IntegrityError, match=f"{done['shard_id']}: output .* does not match its completion record \\({rows}"):
-        merge(job, str(out), quiet=True)
-    assert not (tmp_path / "out").exists() and not (tmp_path / "merged.jsonl").exists()
-    assert hidden_leftovers(tmp_path) == []
-    with pytest.raises(IntegrityError, match=done["shard_id"]):
-        verify(job)
-
-
 def test_a_merge_killed_while_publishing_leaves_only_a_hidden_staging_directory(job, tmp_path):
     out = tmp_path / "out"
     proc = cli("merge", "--job-dir", str(job), "--output", f"{out}/", env={"ELASTIC_SHARD_CRASH_AT": "merging@2"})
@@ -311,65 +267,6 @@ def test_a_directory_output_may_not_be_the_job_directory_or_hold_it(job, tmp_pat
     refused(run_cli("merge", "--job-dir", str(job), "--output", f"{tmp_path / 'file'}/"), "is a file")
 
 
-# -- verify ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def published(job, tmp_path, run_cli) -> Path:
-    out = tmp_path / "out"
-    assert run_cli("merge", "--job-dir", str(job), "--output", f"{out}/").returncode == 0
-    return out
-
-
-def test_verify_passes_on_both_forms(job, tmp_path, run_cli, published):
-    result = run_cli("verify", "--job-dir", str(job), "--output", f"{published}/", "--json")
-    assert result.returncode == 0, result.stderr
-    assert orjson.loads(result.stdout)["form"] == "directory" and "every file and the index" in result.stderr
-    (published / ".DS_Store").write_bytes(b"\0")  # hidden and not JSON: no reader takes it as data
-    assert run_cli("verify", "--job-dir", str(job), "--output", str(published)).returncode == 0
-    refused(run_cli("verify", "--job-dir", str(job), "--output", str(tmp_path / "m.jsonl")), "merge.json describes")
-    assert run_cli("merge", "--job-dir", str(job), "--output", str(tmp_path / "m.jsonl")).returncode == 0
-    result = run_cli("verify", "--job-dir", str(job), "--output", str(tmp_path / "m.jsonl"), "--json")
-    assert result.returncode == 0 and orjson.loads(result.stdout)["form"] == "file"
-    refused(run_cli("verify", "--job-dir", str(job), "--output", str(published)), "merge.json describes", "not")
-
-
-def test_verify_names_a_changed_missing_or_extra_file_of_a_directory_output(job, run_cli, published):
-    def verify_fails(*fragments: str) -> None:
-        refused(run_cli("verify", "--job-dir", str(job), "--output", str(published)), *fragments)
-
-    first = published / "part-00000-of-00004.jsonl"
-    original = first.read_bytes()
-    changed = published / ".changed"
-    changed.write_bytes(original.replace(b"sample", b"SAMPLE", 1))
-    os.replace(changed, first)  # a new file in its place: the shard output itself is intact
-    verify_fails(str(first), f"does not match {INDEX_NAME} (sha256")
-    first.write_bytes(original[:-1])
-    verify_fails(str(first), f"does not match {INDEX_NAME} (bytes")
-    first.unlink()
-    verify_fails(str(first), "missing (listed in", INDEX_NAME)
-    first.write_bytes(original)
-    assert run_cli("verify", "--job-dir", str(job), "--output", str(published)).returncode == 0
-    for extra in ("part-00009-of-00004.jsonl", "notes.txt", ".hidden.jsonl"):
-        (published / extra).write_text("{}\n")
-        verify_fails(str(published / extra), "not in", "would take it as data")
-        (published / extra).unlink()
-    index = published / INDEX_NAME
-    saved = index.read_bytes()
-    index.write_bytes(saved.replace(b'"rows": ', b'"rows":  ', 1))
-    verify_fails(str(index), "does not match merge.json")
-    index.unlink()
-    verify_fails(f"no {INDEX_NAME}")
-    index.write_bytes(saved)
-    assert run_cli("verify", "--job-dir", str(job), "--output", str(published)).returncode == 0
-
-
-def test_a_changed_linked_file_is_a_changed_shard_output(job, run_cli, published):
-    first = published / "part-00000-of-00004.jsonl"
-    first.write_bytes(first.read_bytes().replace(b"sample", b"SAMPLE", 1))  # in place: the same inode as the shard output
-    refused(run_cli("verify", "--job-dir", str(job), "--output", str(published)), "part-00000-of-00004: output", "does not match")
-
-
 # -- readers of the directory ----------------------------------------------------------------------
 
 
@@ -414,11 +311,3 @@ def test_launchers_publish_a_directory_output_and_keep_it_on_a_rerun(tmp_path, l
     text = (tmp_path / f"{command}-0.log").read_text()
     refused(subprocess.CompletedProcess([], 2, "", text), f"--output {other} already exists and is not this job's merge")
     assert os.listdir(other) == ["x.jsonl"]
-
-
-def test_merge_refuses_with_a_usage_error_before_any_work(job, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "x").write_text("x")
-    with pytest.raises(UsageError, match="already exists and is not empty"):
-        merge(job, out, quiet=True)

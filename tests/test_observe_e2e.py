@@ -8,10 +8,10 @@ import json
 import time
 
 import pytest
-from browser import needs_chromium, open_report
-from conftest import STATUS_SCHEMA
-from e2e_support import SHARD_JOB, needs_unshare, prepare_demo, shard_job, start_node, wait_all
 from jsonschema import Draft202012Validator
+from support.browser import needs_chromium, open_report
+from support.e2e_support import SHARD_JOB, needs_unshare, prepare_demo, shard_job, start_node, wait_all
+from support.jobs import STATUS_SCHEMA
 
 from elastic_sharding.observe.html_report import write_report
 from elastic_sharding.observe.status import Status

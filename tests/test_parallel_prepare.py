@@ -17,12 +17,14 @@ from pathlib import Path
 import orjson
 import pytest
 import zstandard
-from conftest import cli, fast_settings
+from support.fake_worker import worker_command
+from support.jobs import cli, fast_settings
 
 from elastic_sharding.errors import InputError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import JOIN_ENV
-from elastic_sharding.prepare.job import UNIT_BYTES_ENV, PrepareRequest, prepare
+from elastic_sharding.prepare.job import PrepareRequest, prepare
+from elastic_sharding.prepare.plan import UNIT_BYTES_ENV
 
 RECIPE = "dataset_path: {dataset}\nprocess:\n  - whitespace_normalization_mapper:\n"
 INDEXED = (
@@ -203,7 +205,7 @@ def test_a_worker_started_before_the_prepare_helps_it_then_works(tmp_path):
     job = tmp_path / "job"
     env = {**os.environ, JOIN_ENV: "1", UNIT_BYTES_ENV: "4096"}
     worker = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "fake_worker.py"), str(job)],
+        worker_command(job),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

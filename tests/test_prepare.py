@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
+from support.jobs import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
 
 from elastic_sharding.errors import InputError, JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
@@ -256,7 +256,7 @@ def test_failed_prepare_leaves_nothing(tmp_path, recipe_file):
 
 @pytest.mark.parametrize("name", ["demo.yaml", "gpu_demo.yaml", "gpu_demo_4gpu.yaml"])
 def test_bundled_recipes_pass_prepare_without_a_gpu(tmp_path, monkeypatch, name):
-    from conftest import REPO
+    from support.jobs import REPO
 
     monkeypatch.chdir(REPO)
     recipe = REPO / "demos" / "elastic_sharding" / "configs" / name

@@ -29,12 +29,13 @@ from typing import Any
 from unittest import mock
 
 import orjson
-from conftest import SIMPLE_RECIPE, fast_settings
-from fakes import FakeRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.fakes import FakeRunner
+from support.jobs import SIMPLE_RECIPE, fast_settings
 
-import elastic_sharding.prepare.job as prepare_mod
+import elastic_sharding.prepare.scan as scan_mod
+import elastic_sharding.prepare.units as units_mod
 from elastic_sharding.errors import InputError
 from elastic_sharding.finish.merge import merge
 from elastic_sharding.layout import JobLayout
@@ -71,8 +72,8 @@ keys = st.one_of(texts.filter(lambda k: k not in MEDIA_KEYS and k != ROW_KEY), t
 def scan(path: Path, block_size: int, max_line: int = 1 << 20) -> None:
     """Prepare's first pass over one file, reading it in blocks of `block_size` bytes."""
     reader = partial(HashingLineReader, block_size=block_size)
-    with mock.patch.object(prepare_mod, "HashingLineReader", reader), Offload() as offload:
-        prepare_mod._scan([path], {path: str(path.parent)}, RowNormalizer(MEDIA_KEYS, None, ROW_KEY), offload, True, max_line)
+    with mock.patch.object(scan_mod, "HashingLineReader", reader), Offload() as offload:
+        scan_mod.scan_files([path], {path: str(path.parent)}, RowNormalizer(MEDIA_KEYS, None, ROW_KEY), offload, max_line)
         offload.drain()
 
 
@@ -392,7 +393,7 @@ def roundtrip(dataset_bytes: bytes, shards: int) -> bytes:
         recipe = tmp / "recipe.yaml"
         recipe.write_text(SIMPLE_RECIPE.format(dataset="given-in-the-request.jsonl"))
         job = tmp / "job"
-        with mock.patch.object(prepare_mod, "load_recipe", load_recipe_once):
+        with mock.patch.object(units_mod, "load_recipe", load_recipe_once):
             manifest = prepare(PrepareRequest(recipe, dataset, job, shards, fast_settings()), quiet=True).manifest
         assert len(manifest.shards) == shards
         assert all(s.rows >= 1 for s in manifest.shards)

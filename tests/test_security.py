@@ -18,14 +18,16 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import refused, snapshot
-from fakes import FakeRunner
+from support.fakes import FakeRunner
+from support.jobs import refused, snapshot
 
 import elastic_sharding.work.worker
 from elastic_sharding import fsops
-from elastic_sharding.claims.lease import Claims, count_failures, read_claim, read_heartbeat
+from elastic_sharding.claims.heartbeat import read_heartbeat
+from elastic_sharding.claims.history import count_failures
+from elastic_sharding.claims.protocol import Claims, read_claim
+from elastic_sharding.claims.submission import Generation, coordination_root, generations
 from elastic_sharding.errors import JobStateError
-from elastic_sharding.launch.submission import Generation, coordination_root, generations
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.snapshot import job_snapshot
 from elastic_sharding.records import (

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import STATUS_SCHEMA, TESTS, cli
-from fakes import FakeRunner
 from jsonschema import Draft202012Validator
+from support.fake_worker import worker_command
+from support.fakes import FakeRunner
+from support.jobs import STATUS_SCHEMA, cli
 
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.metrics import job_metrics
@@ -211,7 +212,7 @@ def _status(job: Path, *extra: str) -> dict:
 def _start_workers(job: Path, delays: list[float]) -> list[subprocess.Popen]:
     return [
         subprocess.Popen(
-            [sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", str(delay)],
+            worker_command(job, "--delay", str(delay)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -302,6 +303,19 @@ def test_watch_follows_a_job_to_its_end_in_plain_lines_and_json_lines(make_job):
     assert follow.returncode == 0 and json.loads(line)["complete"]
 
 
+def _stderr_until(proc: subprocess.Popen, marker: str, timeout: float = 60.0) -> str:
+    """The barrier for a process that says on stderr when it is ready: what it wrote up to `marker`
+    (read from the pipe's file descriptor, so that `communicate()` gets the rest)."""
+    fd, seen = proc.stderr.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while marker.encode() not in seen:
+        if select.select([fd], [], [], 0.1)[0] and (chunk := os.read(fd, 65536)):
+            seen += chunk
+            continue
+        assert proc.poll() is None and time.monotonic() < deadline, seen.decode(errors="replace")
+    return seen.decode()
+
+
 def test_watch_started_before_prepare_waits_for_the_job(make_job, tmp_path):
     watch = subprocess.Popen(
         [sys.executable, "-m", "elastic_sharding", "status", "--job-dir", str(tmp_path / "job"), "--watch", "0.2"],
@@ -309,10 +323,11 @@ def test_watch_started_before_prepare_waits_for_the_job(make_job, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)
+    waiting = _stderr_until(watch, "waiting for prepare to publish the job")
     job = make_job(rows=20, shards=2)
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
     out, err = watch.communicate(timeout=60)
+    err = waiting + err
     assert watch.returncode == 0, err
     assert "waiting for prepare to publish the job" in err and "2 done" in out
 

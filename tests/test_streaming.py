@@ -11,11 +11,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import fast_settings, write_jsonl
-from fakes import FakeRunner
+from support.fakes import FakeRunner
+from support.jobs import fast_settings, write_jsonl
 
 import elastic_sharding.finish.merge as merge_mod
-import elastic_sharding.prepare.job as prepare_mod
+import elastic_sharding.prepare.units as units_mod
 from elastic_sharding import progress
 from elastic_sharding.errors import InputError, IntegrityError
 from elastic_sharding.finish.merge import merge
@@ -23,6 +23,7 @@ from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.prepare.jsonl import HashingLineReader, Offload
 from elastic_sharding.prepare.normalize import SchemaNode
+from elastic_sharding.prepare.shard_writer import ShardWriter
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 RECIPE = "dataset_path: {dataset}\nprocess:\n  - text_length_filter:\n      min_len: 1\n"
@@ -71,11 +72,11 @@ def prepare_golden(tmp_path: Path, shards: int, name: str = "job") -> Path:
     return job
 
 
-@pytest.mark.parametrize("max_marks", [prepare_mod.MAX_MARKS, 2, 5])
+@pytest.mark.parametrize("max_marks", [units_mod.MAX_MARKS, 2, 5])
 @pytest.mark.parametrize("shards", sorted(GOLDEN))
 def test_prepare_output_is_byte_identical_to_the_reference(tmp_path, monkeypatch, shards, max_marks):
-    monkeypatch.setattr(prepare_mod, "MAX_MARKS", max_marks)
-    monkeypatch.setattr(prepare_mod._ShardWriter, "FLUSH_BYTES", 1000)
+    monkeypatch.setattr(units_mod, "MAX_MARKS", max_marks)
+    monkeypatch.setattr(ShardWriter, "FLUSH_BYTES", 1000)
     manifest = JobLayout(prepare_golden(tmp_path, shards)).load_manifest()
     assert manifest.normalized_sha256.startswith("51dedc0ca89c2bee") and manifest.total_bytes == 65037
     assert [s.sha256[:12] for s in manifest.shards] == GOLDEN[shards]

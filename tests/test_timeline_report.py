@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import needs_chromium, open_report
-from conftest import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
-from fakes import FakeRunner
+from support.browser import needs_chromium, open_report
+from support.fakes import FakeRunner
+from support.jobs import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
 
 from elastic_sharding import fsops
-from elastic_sharding.claims.lease import Claims
+from elastic_sharding.claims.protocol import Claims
 from elastic_sharding.errors import UsageError
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.html_report import render_report, write_report

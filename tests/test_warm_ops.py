@@ -20,8 +20,8 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from conftest import REPO, write_jsonl
-from e2e_support import SHARD_JOB, baseline_rows, needs_unshare, prepare_job, processes_with, shard_job, start_node
+from support.e2e_support import SHARD_JOB, baseline_rows, needs_unshare, prepare_job, processes_with, shard_job, start_node
+from support.jobs import REPO, write_jsonl
 
 pytestmark = pytest.mark.e2e
 

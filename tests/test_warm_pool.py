@@ -10,10 +10,11 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from fakes import FakeRunner
+from support.fakes import FakeRunner
 
+from elastic_sharding.work.runners.actor_pool import BusyTracker
 from elastic_sharding.work.runners.recipe_cache import _rewrite
-from elastic_sharding.work.runners.warm_ops import BusyTracker, _units
+from elastic_sharding.work.runners.warm_ops import _units
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import TESTS, write_jsonl
-from e2e_support import SHARD_JOB, prepare_demo, prepare_job, processes_with, shard_job
+from support.e2e_support import SHARD_JOB, prepare_demo, prepare_job, processes_with, shard_job
+from support.jobs import TESTS, write_jsonl
 
 pytestmark = pytest.mark.e2e
 

@@ -1,41 +1,26 @@
-"""Worker lifecycle with the fake runner: ordering, retries, max-shards, status, retry, merge."""
+"""Worker lifecycle with the fake runner: ordering, max-shards, status, the version check, SIGTERM
+and a stop while staged, attempt recipes, JSON outputs (`retry`, `merge`, `verify`: their own files)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-import orjson
 import pytest
-from conftest import TESTS, cli, sample_rows
-from fakes import FakeRunner
+from support.fake_worker import worker_command
+from support.fakes import FakeRunner
+from support.jobs import cli, merged_rows, run, sample_rows, wait_until_ready
 
-from elastic_sharding.claims.lease import read_claim
+from elastic_sharding.claims.protocol import read_claim
 from elastic_sharding.errors import VersionMismatchError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.records import Manifest, encode, load
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 
-def run(job: Path, runner: FakeRunner | None = None, **options) -> int:
-    return Worker(job, WorkerOptions(**options), runner=runner or FakeRunner()).run()
-
-
-def merged_rows(job: Path, output: Path, *extra: str) -> list[dict]:
-    cli("merge", "--job-dir", str(job), "--output", str(output), *extra, check=True)
-    return [orjson.loads(line) for line in output.read_bytes().splitlines()]
-
-
 def test_parallel_workers_process_every_shard_once_and_merge_in_input_order(make_job, tmp_path):
     job = make_job(rows=90, shards=12)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "0.05"], stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(3)
-    ]
+    procs = [subprocess.Popen(worker_command(job, "--delay", "0.05"), stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
@@ -49,34 +34,6 @@ def test_filtered_rows_keep_order(make_job, tmp_path):
     job = make_job(rows=50, shards=4)
     assert run(job, FakeRunner(keep=lambda row: row["id"] % 3 != 0)) == 0
     assert merged_rows(job, tmp_path / "out.jsonl") == [r for r in sample_rows(50) if r["id"] % 3 != 0]
-
-
-def test_retry_limit_then_terminal_failure_then_retry(make_job, tmp_path):
-    job = make_job(rows=20, shards=4, max_retries=1)
-    bad = "part-00001-of-00004"
-    runner = FakeRunner(fail=lambda shard: shard == bad)
-    assert run(job, runner) == 2
-    assert runner.calls.count(bad) == 2, "max_retries=1 allows two attempts"
-    layout = JobLayout(job)
-    assert read_claim(layout, bad).status == "failed"
-    status = cli("status", "--job-dir", str(job), "--json")
-    assert status.returncode == 2
-    report = json.loads(status.stdout)
-    failed = [s for s in report["shards"] if s["state"] == "failed"]
-    assert [s["shard_id"] for s in failed] == [bad] and failed[0]["last_error"] == "fake operator failure"
-    text = cli("status", "--job-dir", str(job))
-    assert "fake operator failure" in text.stdout and "process.log" in text.stdout
-    # A worker started on a failed job exits 2 at once, claiming nothing.
-    idle = FakeRunner()
-    assert run(job, idle) == 2 and idle.calls == []
-
-    assert cli("retry", "--job-dir", str(job), "--all-failed").returncode == 0
-    history = list(layout.history.glob(f"*/{bad}"))
-    assert len(history) == 1 and len(list((history[0] / "attempts").iterdir())) == 2
-    assert (history[0] / "failed.json").exists() and (history[0] / "lock.json").exists()
-    assert cli("status", "--job-dir", str(job)).returncode == 1
-    assert run(job) == 0
-    assert merged_rows(job, tmp_path / "out.jsonl") == sample_rows(20)
 
 
 def test_max_shards_counts_claims_including_failures(make_job):
@@ -101,27 +58,6 @@ def test_status_reports_pending_job_with_exit_1(make_job):
     assert proc.returncode == 0 and "2 done" in proc.stdout and "part-00001-of-00002" in proc.stdout
 
 
-def test_retry_refuses_bad_ids_done_and_running_shards(make_job):
-    job = make_job(rows=10, shards=2)
-    layout = JobLayout(job)
-    assert run(job, max_shards=1) == 0
-    cases = {
-        ("--shard-id", "../../etc"): "is not a shard id",
-        ("--shard-id", "part-00009-of-00002"): "not a shard of this job",
-        ("--shard-id", "part-00000-of-00002"): "already done",
-        (): "exactly one of",
-        ("--all-failed", "--shard-id", "part-00001-of-00002"): "exactly one of",
-    }
-    for args, message in cases.items():
-        proc = cli("retry", "--job-dir", str(job), *args)
-        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
-    from elastic_sharding.claims.lease import Claims
-
-    Claims(layout, host="busy", pid=1).try_claim("part-00001-of-00002")
-    proc = cli("retry", "--job-dir", str(job), "--shard-id", "part-00001-of-00002")
-    assert proc.returncode == 2 and "active claim" in proc.stderr
-
-
 def test_version_mismatch_is_refused_unless_allowed(make_job):
     job = make_job(rows=10, shards=2)
     layout = JobLayout(job)
@@ -133,53 +69,16 @@ def test_version_mismatch_is_refused_unless_allowed(make_job):
     assert run(job, allow_version_mismatch=True) == 0
 
 
-def test_merge_refuses_existing_output_and_detects_corruption(make_job, tmp_path):
-    job = make_job(rows=30, shards=3)
-    out = tmp_path / "out.jsonl"
-    proc = cli("merge", "--job-dir", str(job), "--output", str(out))
-    assert proc.returncode == 2 and "not complete" in proc.stderr and not out.exists()
-    assert run(job) == 0
-    merged_rows(job, out)
-    original = out.read_bytes()
-    proc = cli("merge", "--job-dir", str(job), "--output", str(out))
-    assert proc.returncode == 2 and "--overwrite" in proc.stderr
-    layout = JobLayout(job)
-    done = json.loads(layout.done("part-00001-of-00003").read_text())
-    processed = layout.attempt_dir("part-00001-of-00003", done["attempt_id"]) / "processed.jsonl"
-    processed.write_bytes(processed.read_bytes().replace(b"sample", b"SAMPLE", 1))
-    proc = cli("merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
-    assert proc.returncode == 2 and "does not match its completion record" in proc.stderr
-    assert out.read_bytes() == original, "a failed merge must leave the previous output untouched"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
-    assert cli("verify", "--job-dir", str(job)).returncode == 2
-
-
-def test_verify_counts_distinct_hosts(make_job, tmp_path):
-    job = make_job(rows=10, shards=2)
-    assert run(job) == 0
-    assert cli("verify", "--job-dir", str(job)).returncode == 0
-    proc = cli("verify", "--job-dir", str(job), "--expect-nodes", "2")
-    assert proc.returncode == 2 and "completed by 1 node(s)" in proc.stderr
-    out = tmp_path / "m.jsonl"
-    merged_rows(job, out)
-    assert cli("verify", "--job-dir", str(job), "--output", str(out)).returncode == 0
-    out.write_bytes(out.read_bytes()[:-5])
-    assert cli("verify", "--job-dir", str(job), "--output", str(out)).returncode == 2
-
-
-def test_sigterm_hands_the_current_shard_back_at_once(make_job):
+def test_sigterm_hands_the_current_shard_back_at_once(make_job, tmp_path):
     import signal
-    import time
 
     job = make_job(rows=10, shards=1)
     layout = JobLayout(job)
+    processing = tmp_path / "processing"
     proc = subprocess.Popen(
-        [sys.executable, str(TESTS / "fake_worker.py"), str(job), "--delay", "60"], stderr=subprocess.PIPE, text=True
+        worker_command(job, "--delay", "60", "--ready-file", str(processing)), stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 30
-    while read_claim(layout, "part-00000-of-00001") is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_until_ready(processing, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 2, err
@@ -230,7 +129,7 @@ def test_attempt_recipe_overrides_and_cache_environment(make_job, monkeypatch):
 
 
 def test_json_outputs_of_prepare_merge_and_verify(tmp_path, recipe_file):
-    from conftest import write_jsonl
+    from support.jobs import write_jsonl
 
     dataset = write_jsonl(tmp_path / "d.jsonl", sample_rows(12))
     job = tmp_path / "job"

@@ -102,7 +102,7 @@ def prepare_destination(output: Path, create_once: bool = False, directory: bool
         created = fsops.make_dirs(parent)
     except NotADirectoryError as exc:
         if exc.filename == str(parent):
-            raise UsageError(f"--output {output}: {parent} {exc.strerror}") from None
+            raise UsageError(f"--output {output}: {parent} {exc.strerror}; choose another --output") from None
         raise UsageError(f"--output {output}: cannot create directory {parent}: {exc.filename} {exc.strerror}") from None
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None

@@ -6,6 +6,8 @@ package decides how the process exits.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 EXIT_OK = 0
@@ -74,3 +76,13 @@ class Aborted(ElasticShardError):
 
 class UnsuitableFilesystem(ElasticShardError):
     """The job directory's filesystem lacks a guarantee the claim protocol rests on, or cannot be written."""
+
+
+@contextmanager
+def next_step(advice: str, *kinds: type[ElasticShardError]) -> Iterator[None]:
+    """Add what to do next to the errors of `kinds` a block raises: the checks deep inside know
+    what is wrong and where; the command that ran them knows what the user can do about it."""
+    try:
+        yield
+    except kinds as exc:
+        raise type(exc)(f"{exc}; {advice}") from None

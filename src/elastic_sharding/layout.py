@@ -6,6 +6,7 @@ directory itself may be one: only links inside it are refused)."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ def check_shard_id(shard_id: str) -> str:
 
 def check_attempt_id(attempt_id: str) -> str:
     if not ATTEMPT_ID_RE.match(attempt_id):
-        raise JobStateError(f"{attempt_id!r} is not a valid attempt id")
+        raise JobStateError(f"{attempt_id!r} is not a valid attempt id; check the record that names it")
     return attempt_id
 
 
@@ -88,23 +89,40 @@ class JobLayout:
     def attempt_dir(self, shard_id: str, attempt_id: str) -> Path:
         return self.attempts_dir(shard_id) / check_attempt_id(attempt_id)
 
+    @property
+    def locks_dir(self) -> Path:
+        return self.state / "locks"
+
+    @property
+    def done_dir(self) -> Path:
+        return self.state / "done"
+
+    @property
+    def failed_dir(self) -> Path:
+        return self.state / "failed"
+
     def lock(self, shard_id: str) -> Path:
-        return self.state / "locks" / f"{check_shard_id(shard_id)}.json"
+        return self.locks_dir / f"{check_shard_id(shard_id)}.json"
 
     def done(self, shard_id: str) -> Path:
-        return self.state / "done" / f"{check_shard_id(shard_id)}.json"
+        return self.done_dir / f"{check_shard_id(shard_id)}.json"
 
     def failed(self, shard_id: str) -> Path:
-        return self.state / "failed" / f"{check_shard_id(shard_id)}.json"
+        return self.failed_dir / f"{check_shard_id(shard_id)}.json"
 
     def stale_lock(self, shard_id: str, suffix: str) -> Path:
         if not _SUFFIX_RE.match(suffix):
-            raise JobStateError(f"{suffix!r} is not a valid stale-lock suffix")
+            raise JobStateError(f"{suffix!r} is not a valid stale-lock suffix; report this as a bug")
         return self.state / "stale_locks" / f"{check_shard_id(shard_id)}.{suffix}.json"
 
     @property
     def history(self) -> Path:
         return self.state / "history"
+
+    def archived(self, retry_id: str, shard_id: str) -> dict[str, Path]:
+        """Where a `retry` moves a shard's attempts, failure record and claim."""
+        root = self.history / retry_id / check_shard_id(shard_id)
+        return {"root": root, "attempts": root / "attempts", "failed": root / "failed.json", "lock": root / "lock.json"}
 
     @property
     def skeleton(self) -> tuple[Path, ...]:
@@ -124,7 +142,9 @@ class JobLayout:
         if not self.root.is_dir():
             raise JobStateError(f"{self.root}: job directory does not exist (run prepare first)")
         if not fsops.lexists(self.manifest):
-            raise JobStateError(f"{self.root}: not a prepared job directory (no manifest.json)")
+            raise JobStateError(
+                f"{self.root}: not a prepared job directory (no manifest.json); pass the --job-dir that prepare created"
+            )
         for directory in self.skeleton:
             if fsops.kind(directory) == "link":
                 raise JobStateError(str(fsops.LinkRefused(directory)))
@@ -132,7 +152,9 @@ class JobLayout:
         for spec in manifest.shards:
             check_shard_id(spec.shard_id)
             if spec.path != f"shards/{spec.shard_id}.jsonl":
-                raise JobStateError(f"{self.manifest}: shard {spec.shard_id} has an unexpected path {spec.path!r}")
+                raise JobStateError(
+                    f"{self.manifest}: shard {spec.shard_id} has an unexpected path {spec.path!r}; restore the manifest prepare wrote"
+                )
         return manifest
 
 
@@ -164,3 +186,66 @@ def attempt_files(attempt_dir: Path) -> dict[str, Path]:
         "ray_output": attempt_dir / "ray-output.jsonl",
         "processed": attempt_dir / "processed.jsonl",
     }
+
+
+def preparing_dir(job_root: Path) -> Path:
+    """A prepare works beside the job directory it will publish (renamed into place at the end)."""
+    return job_root.parent / f".{job_root.name}.preparing"
+
+
+class PrepareLayout:
+    """The paths of a prepare under way: its plan, its units' claims, heartbeats and results, and
+    the staged job directory."""
+
+    def __init__(self, root: Path, job_root: Path):
+        self.root = root
+        self.job_root = job_root
+        self.plan = root / "plan.json"
+        self.failed = root / "failed.json"
+        self.units = root / "units"
+        self.stage = root / "stage"
+
+    def lock(self, unit: str) -> Path:
+        return self.units / f"{unit}.lock"
+
+    def stale_lock(self, unit: str, suffix: str) -> Path:
+        return self.units / f"{unit}.lock.{suffix}"
+
+    def beat(self, unit: str) -> Path:
+        return self.units / f"{unit}.beat"
+
+    def result(self, unit: str) -> Path:
+        return self.units / f"{unit}.json"
+
+    def blob(self, unit: str) -> Path:
+        return self.units / f"{unit}.bin"
+
+
+def coordination_root(job_dir: Path) -> Path:
+    """The `dlc` submissions of a job coordinate beside it, one directory per run id."""
+    job = Path(os.path.abspath(job_dir))
+    return job.parent / f".{job.name}.dlc-coordination"
+
+
+class SubmissionLayout:
+    """The paths of one `dlc` submission: its run record, phase locks, heartbeats and results,
+    its outcome and abort records."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    @property
+    def stale_dir(self) -> Path:
+        return self.root / "stale"
+
+    def lock_path(self, phase: str) -> Path:
+        return self.root / f"{phase}.lock"
+
+    def heartbeat_path(self, phase: str) -> Path:
+        return self.root / f"{phase}.heartbeat"
+
+    def result_path(self, phase: str) -> Path:
+        return self.root / f"{phase}-result.json"

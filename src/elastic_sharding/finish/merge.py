@@ -8,8 +8,8 @@ is copied), fsynced, and then renamed (or, without
 directory beside the output (each shard output hard-linked, or copied where it cannot be), its
 index written last, and renamed into place. Either way no reader ever sees a partial merge.
 
-Every shard output is read once, on several threads, and its sha256 checked against its completion
-record. The sha256 of a merged file (for `merge.json`) covers every byte in order and so runs on
+Every shard output is first proven to be its completion record's (`validate.py`). The sha256 of a
+merged file (for `merge.json`) covers every byte in order and so runs on
 one core; it is computed from the same read as the shards' own (see `parallel_copy.OrderedHasher`),
 overlapping the copies and the fsync.
 """
@@ -22,11 +22,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
 
 from elastic_sharding import crashpoints, fsops
 from elastic_sharding.destination import (
@@ -41,186 +38,43 @@ from elastic_sharding.destination import (
     refuse_existing_directory,
     remove_tree,
 )
-from elastic_sharding.errors import IntegrityError, JobStateError, UsageError
+from elastic_sharding.errors import IntegrityError, UsageError, next_step
 from elastic_sharding.finish.parallel_copy import (
     COPY_CHUNK,
     Content,
     DestinationError,
-    Identity,
     OrderedHasher,
     SourceError,
     Stopped,
     check_same,
     copy_range,
     hash_file,
-    identify,
     link_or_copy,
     open_source,
     run_all,
     start_writeback,
     thread_count,
 )
-from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.observe.snapshot import counts, job_views
+from elastic_sharding.finish.validate import (
+    EMPTY_SHA256,
+    SHARD_CHANGED,
+    LockedProgress,
+    Source,
+    Trusted,
+    check_digest,
+    completed_outputs,
+    explain_mismatch,
+    guarded,
+    recorded_content,
+    source_error,
+    sources_of,
+)
+from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import CompletionRecord, IndexEntry, MergeShard, OutputIndex, PublishRecord, encode, load
-from elastic_sharding.vocabulary import ShardState
-from elastic_sharding.work.collect import file_stats
+from elastic_sharding.records import IndexEntry, MergeShard, OutputIndex, PublishRecord, encode
 
 log = logging.getLogger(__name__)
-
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-# Shard outputs whose bytes were hashed and found to match their completion record, by
-# (device, inode): (size, mtime_ns, sha256). A file linked to one of them need not be hashed again.
-Trusted = dict[tuple[int, int], tuple[int, int, str]]
-
-
-def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> list[tuple[CompletionRecord, Path]]:
-    """Every shard's completion record and output path, in manifest order; the job must be done."""
-    manifest = layout.load_manifest()
-    timeout = lock_timeout if lock_timeout is not None else manifest.request.settings.lock_timeout_secs
-    views = job_views(layout, manifest, timeout)
-    summary = counts(views)
-    if summary[ShardState.DONE] != len(views):
-        missing = [v.shard_id for v in views if v.state != ShardState.DONE]
-        detail = ", ".join(f"{state} {n}" for state, n in summary.items() if n)
-        raise JobStateError(
-            f"job is not complete ({detail}); first unfinished shard: {missing[0]}. Run workers (or `retry` failed shards) first"
-        )
-    result = []
-    for view in views:
-        record = view.completion or _completion(layout, view.shard_id)
-        if record.shard_id != view.shard_id:
-            raise IntegrityError(f"{layout.done(view.shard_id)}: completion record names shard {record.shard_id}")
-        if record.input_sha256 != view.spec.sha256 or record.input_rows != view.spec.rows:
-            raise IntegrityError(f"{view.shard_id}: completion record does not match the manifest's shard input")
-        try:
-            attempt_dir = layout.existing_attempt_dir(view.shard_id, record.attempt_id)
-        except fsops.LinkRefused as exc:
-            raise IntegrityError(f"{view.shard_id}: {exc}") from None
-        result.append((record, attempt_files(attempt_dir)["processed"]))
-    return result
-
-
-def _completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
-    """The completion record of a shard whose claim says done, read strictly: a missing, corrupt
-    or symlinked one is a JobStateError naming the file."""
-    path = layout.done(shard_id)
-    if not fsops.lexists(path):
-        raise JobStateError(f"{shard_id}: claim says done but no completion record exists in {path}")
-    return load(CompletionRecord, path)
-
-
-# -- shard outputs ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Source:
-    """A shard output about to be merged: what it was when first looked at, and where it goes."""
-
-    record: CompletionRecord
-    path: Path
-    identity: Identity
-    offset: int  # in a merged file
-
-
-def _source_error(record: CompletionRecord, path: Path, exc: SourceError) -> IntegrityError:
-    cause = exc.cause
-    if isinstance(cause, FileNotFoundError):
-        return IntegrityError(f"{record.shard_id}: output {path} is missing")
-    return IntegrityError(f"{record.shard_id}: {cause}")
-
-
-def _explain_mismatch(record: CompletionRecord, source: Path) -> NoReturn:
-    """Re-read (and parse) an output whose size or sha256 differs from its record, to say how."""
-    try:
-        stats = file_stats(source)
-    except FileNotFoundError:
-        raise IntegrityError(f"{record.shard_id}: output {source} is missing") from None
-    except (OSError, ValueError) as exc:
-        raise IntegrityError(f"{record.shard_id}: {exc}") from None
-    raise IntegrityError(
-        f"{record.shard_id}: output {source} does not match its completion record "
-        f"(rows {stats.rows} vs {record.output_rows}, bytes {stats.bytes} vs {record.output_bytes}, "
-        f"sha256 {stats.sha256[:12]} vs {record.output_sha256[:12]})"
-    )
-
-
-def _identify(record: CompletionRecord, path: Path) -> Identity:
-    """The output's identity, refused at once (and explained) if its size is not the record's."""
-    try:
-        identity = identify(path)
-    except FileNotFoundError:
-        raise IntegrityError(f"{record.shard_id}: output {path} is missing") from None
-    except SourceError as exc:
-        raise _source_error(record, path, exc) from None
-    except OSError as exc:
-        raise IntegrityError(f"{record.shard_id}: {exc}") from None
-    if identity.size != record.output_bytes:
-        _explain_mismatch(record, path)
-    return identity
-
-
-def _sources(shards: list[tuple[CompletionRecord, Path]], pool: ThreadPoolExecutor) -> list[Source]:
-    identities = run_all(pool, lambda shard: _identify(*shard), shards, threading.Event())
-    sources, offset = [], 0
-    for (record, path), identity in zip(shards, identities):
-        sources.append(Source(record, path, identity, offset))
-        offset += identity.size
-    return sources
-
-
-def _guarded(source: Source, work: Callable[[], Any]) -> Any:
-    try:
-        return work()
-    except SourceError as exc:
-        raise _source_error(source.record, source.path, exc) from None
-
-
-def _recorded(record: CompletionRecord) -> Content:
-    return Content(record.output_sha256, record.output_rows)
-
-
-def _check_digest(source: Source, content: Content) -> None:
-    if content != _recorded(source.record):
-        _explain_mismatch(source.record, source.path)
-
-
-def validate_outputs(shards: list[tuple[CompletionRecord, Path]], quiet: bool = True) -> Trusted:
-    """Hash every shard output (in parallel) and check it against its completion record.
-
-    The record's sha256 was taken over a fully validated file when the shard was published, so a
-    match proves every line is still that validated JSON object: one read, no per-line parsing.
-    Only a mismatch re-reads the file, to say which line is wrong."""
-    block = BLOCK_SIZE
-    with ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-verify") as pool:
-        sources = _sources(shards, pool)
-        stop = threading.Event()
-        with _LockedProgress("verify", sum(s.identity.size for s in sources), quiet) as progress:
-
-            def check(source: Source) -> None:
-                digest = _guarded(source, lambda: hash_file(source.path, source.identity, block, stop))
-                _check_digest(source, digest)
-                progress.update(source.identity.size, source.record.output_rows)
-
-            run_all(pool, check, sources, stop)
-    return {(s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.output_sha256) for s in sources}
-
-
-class _LockedProgress(Progress):
-    """A progress bar that several threads update."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._lock = threading.Lock()
-
-    def update(self, done: int, rows: int = 0) -> None:
-        with self._lock:
-            super().update(done, rows)
-
-
-# -- merge -----------------------------------------------------------------------------------------
 
 
 def merge(
@@ -263,8 +117,11 @@ def publish(
     destination = prepare_destination(output, create_once=not overwrite, directory=directory)
     trusted: Trusted = {}
     try:
-        with ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-merge") as pool:
-            sources = _sources(shards, pool)
+        with (
+            next_step(SHARD_CHANGED, IntegrityError),
+            ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-merge") as pool,
+        ):
+            sources = sources_of(shards, pool)
             log.info("merging %d shard(s) into %s%s", len(sources), output, "/ (one file per shard)" if directory else "")
             if directory:
                 job_id = layout.load_manifest().job_id
@@ -319,7 +176,7 @@ def _write_merged(sources: list[Source], output: Path, overwrite: bool, quiet: b
 
         def on_file(index: int, digest: Future[Content]) -> None:
             digests[index] = digest
-            expected = _recorded(sources[index].record)
+            expected = recorded_content(sources[index].record)
             digest.add_done_callback(lambda done: stop.set() if done.exception() or done.result() != expected else None)
             progress.update(0, sources[index].record.output_rows)
 
@@ -398,28 +255,30 @@ def _raise_first_failure(
             error = digest.exception()
             if error is not None:
                 problems.setdefault(index, error)
-            elif digest.result() != _recorded(sources[index].record):
+            elif digest.result() != recorded_content(sources[index].record):
                 problems.setdefault(index, "mismatch")
     if problems:
         index = min(problems)
         source, problem = sources[index], problems[index]
         if isinstance(problem, SourceError):
-            raise _source_error(source.record, source.path, problem)
+            raise source_error(source.record, source.path, problem)
         if isinstance(problem, BaseException):
             raise problem
-        _explain_mismatch(source.record, source.path)
+        explain_mismatch(source.record, source.path)
     for source, copy in zip(sources, copies):
         error = None if copy.cancelled() else copy.exception()
         if error is None or isinstance(error, Stopped):
             continue
         if isinstance(error, SourceError):
-            raise _source_error(source.record, source.path, error)
+            raise source_error(source.record, source.path, error)
         if isinstance(error, DestinationError):
             with fsops.reported_as(output, "writing its temporary file"):
                 raise error.cause
         raise error
     if any(digest is None for digest in digests):
-        raise IntegrityError("merge stopped before every shard was read")  # a bug: nothing failed
+        raise IntegrityError(
+            "merge stopped before every shard was read; run merge again and report this as a bug"
+        )  # a bug: nothing failed
 
 
 def _publish_directory(
@@ -432,18 +291,18 @@ def _publish_directory(
     stop = threading.Event()
     stage = make_staging_dir(output)
     try:
-        with _LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
+        with LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
 
             def place(source: Source) -> tuple[IndexEntry, bool]:
                 record = source.record
                 name = part_name(record.shard_id) if source.identity.size else None
                 linked = False
                 if name is None:
-                    _check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file (an empty one trips up some readers)
+                    check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file (an empty one trips up some readers)
                 else:
-                    _check_digest(source, _guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
+                    check_digest(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
                     try:
-                        linked = _guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
+                        linked = guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
                     except DestinationError as exc:
                         with fsops.reported_as(output / name, "copying the shard output into it"):
                             raise exc.cause from None

@@ -59,17 +59,17 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
     requeued = []
     for view in chosen:
         shard_id = view.shard_id
-        target = archive / shard_id
-        fsops.ensure_dir(target)
-        fsops.rename_away(layout.attempts_dir(shard_id), target / "attempts")
-        fsops.rename_away(layout.failed(shard_id), target / "failed.json")
-        fsops.rename_away(layout.lock(shard_id), target / "lock.json")
+        target = layout.archived(retry_id, shard_id)
+        fsops.ensure_dir(target["root"])
+        fsops.rename_away(layout.attempts_dir(shard_id), target["attempts"])
+        fsops.rename_away(layout.failed(shard_id), target["failed"])
+        fsops.rename_away(layout.lock(shard_id), target["lock"])
         requeued.append(shard_id)
         log.info(
             "requeued %s (was %s; %d failed attempt(s) archived in %s)",
             shard_id,
             view.state if view.state != ShardState.PENDING else "pending",
             view.failures,
-            target,
+            target["root"],
         )
     return requeued

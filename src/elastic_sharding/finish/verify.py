@@ -13,9 +13,9 @@ from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.destination import INDEX_FORMAT, INDEX_NAME, JSON_SUFFIXES, output_form, part_name
-from elastic_sharding.errors import IntegrityError, JobStateError
-from elastic_sharding.finish.merge import Trusted, completed_outputs, validate_outputs
+from elastic_sharding.errors import IntegrityError, JobStateError, next_step
 from elastic_sharding.finish.parallel_copy import SourceError, hash_file, identify, run_all, thread_count
+from elastic_sharding.finish.validate import Trusted, completed_outputs, validate_outputs
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.records import CompletionRecord, OutputIndex, PublishRecord, decode, load
@@ -177,6 +177,12 @@ def _check_files(target: Path, index: OutputIndex, trusted: Trusted) -> None:
         run_all(pool, check, entries, stop)
 
 
+# What to do when the merged output no longer is what merge.json says (its shards are checked first).
+MERGED_CHANGED = (
+    "the merged output was changed after merge: publish it again with `merge --overwrite` (it checks every shard output first)"
+)
+
+
 def verify_output(
     layout: JobLayout,
     target: Path,
@@ -185,9 +191,12 @@ def verify_output(
     trusted: Trusted | None = None,
 ) -> PublishRecord:
     """The published output at `target`, in either form, is the one merge.json describes."""
-    if directory:
-        return verify_directory(layout, target, shards if shards is not None else completed_outputs(layout), trusted)
-    return verify_merged(layout, target)
+    if shards is None:
+        shards = completed_outputs(layout)
+    with next_step(MERGED_CHANGED, IntegrityError):
+        if directory:
+            return verify_directory(layout, target, shards, trusted)
+        return verify_merged(layout, target)
 
 
 def output_is_directory(layout: JobLayout, output: Path | str) -> tuple[Path, bool]:

@@ -16,10 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_sharding.claims.lease import read_claim
-from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
-from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
-from elastic_sharding.launch.submission import (
+from elastic_sharding.claims.protocol import read_claim
+from elastic_sharding.claims.shard_state import shard_state
+from elastic_sharding.claims.submission import (
     FINALIZE,
     PREPARE,
     PROGRESS_LOG_SECS,
@@ -28,13 +27,15 @@ from elastic_sharding.launch.submission import (
     resolve_run_id,
     run_phase,
 )
+from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
+from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.observe.snapshot import job_views
+from elastic_sharding.observe.status import Status
 from elastic_sharding.prepare.cooperate import Assistant
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import Manifest, PhaseResult
+from elastic_sharding.records import PhaseResult
 from elastic_sharding.signals import on_stop_signals
-from elastic_sharding.vocabulary import ShardState
+from elastic_sharding.vocabulary import ClaimStatus, ShardState
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class _Instance:
         if worker.stopping:
             raise Interrupted(worker.stopping)
         if code != EXIT_OK:
-            raise ElasticShardError(self._failure_summary(worker.manifest) or "the worker failed")
+            raise ElasticShardError(self._failure_summary() or "the worker failed")
 
     def _watch_abort(self, worker: Worker, stop: threading.Event) -> None:
         while not stop.wait(self.opts.poll_interval_secs):
@@ -186,16 +187,8 @@ class _Instance:
                 worker.request_stop(f"run {record.run_id} failed on host={record.host}: {record.reason}")
                 return
 
-    def _failure_summary(self, manifest: Manifest) -> str | None:
-        views = job_views(self.layout, manifest, manifest.request.settings.lock_timeout_secs)
-        failed = [
-            f"{v.shard_id} failed {v.failure.failures} time(s), last on host={v.failure.host}: {v.failure.last_error}"
-            for v in views
-            if v.failure is not None
-        ]
-        if not failed:
-            return None
-        return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
+    def _failure_summary(self) -> str | None:
+        return Status(self.layout.root).terminal_failures()
 
     def _wait_for_completion(self) -> None:
         """Strict mode: a capped Worker waits for the others. Elastic: usually already complete."""
@@ -212,7 +205,7 @@ class _Instance:
                         continue
                     state, holder = _shard_state(self.layout, spec.shard_id)
                     if state == ShardState.FAILED:
-                        raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
+                        raise ElasticShardError(self._failure_summary() or f"{spec.shard_id} failed terminally")
                     if state == ShardState.DONE:
                         finished.add(spec.shard_id)
                         progress.update(1)
@@ -247,15 +240,12 @@ def _shard_state(layout: JobLayout, shard_id: str) -> tuple[str, str]:
         claim = read_claim(layout, shard_id)
     except ValueError:
         claim = None
-    if claim is not None and claim.status in (ShardState.DONE, ShardState.FAILED):
-        return claim.status, claim.host
-    if layout.done(shard_id).exists():
-        return ShardState.DONE, "done"
-    if layout.failed(shard_id).exists():
-        return ShardState.FAILED, "failed"
-    if claim is None:
-        return "pending", "unclaimed"
-    return "running", f"claimed by host={claim.host}"
+    state = shard_state(claim, layout.done(shard_id).exists(), layout.failed(shard_id).exists())
+    if claim is not None and claim.status in (ClaimStatus.DONE, ClaimStatus.FAILED):
+        return state, claim.host
+    if state in (ShardState.DONE, ShardState.FAILED):
+        return state, state.value
+    return state, "unclaimed" if claim is None else f"claimed by host={claim.host}"
 
 
 def run_dlc(opts: DlcOptions) -> int:

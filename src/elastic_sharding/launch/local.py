@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 
-from elastic_sharding.claims.lease import Claims, read_claim
+from elastic_sharding.claims.protocol import Claims, read_claim
 from elastic_sharding.errors import EXIT_OK, Interrupted
 from elastic_sharding.launch.steps import (
     JobRequest,

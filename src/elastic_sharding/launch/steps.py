@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_sharding.children import child_env, set_parent_death_signal
 from elastic_sharding.destination import (
     check_target,
     inside_job,
@@ -19,15 +20,15 @@ from elastic_sharding.destination import (
     refuse_foreign_output,
 )
 from elastic_sharding.errors import ElasticShardError, UsageError
-from elastic_sharding.finish.merge import completed_outputs, publish, validate_outputs
+from elastic_sharding.finish.merge import publish
 from elastic_sharding.finish.retry import retry
+from elastic_sharding.finish.validate import completed_outputs, validate_outputs
 from elastic_sharding.finish.verify import check_hosts, verify_output
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.status import Status
 from elastic_sharding.prepare.job import PrepareRequest, preflight, prepare
 from elastic_sharding.prepare.recipe import recipe_and_base
 from elastic_sharding.records import Settings
-from elastic_sharding.work.runners.process import set_parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +171,7 @@ def worker_command(job_dir: Path, *options: str) -> list[str]:
 
 
 def worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    source = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = source + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return child_env({})
 
 
 def drain_with_parent() -> None:

@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from elastic_sharding import fsops
-from elastic_sharding.claims.lease import (
-    attempt_failure,
-    count_failures,
-    read_attempt,
-    read_claim,
-    read_claim_heartbeat,
-    read_heartbeat,
-)
+from elastic_sharding.claims.heartbeat import read_claim_heartbeat, read_heartbeat
+from elastic_sharding.claims.history import attempt_failure, count_failures, read_attempt
+from elastic_sharding.claims.protocol import read_claim
+from elastic_sharding.claims.shard_state import shard_state
 from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
 from elastic_sharding.records import (
     ClaimRecord,
@@ -114,15 +110,10 @@ def _build_view(
     failure = _read(layout.failed(shard_id), FailureRecord)
     heartbeat = None
     age = None
-    if failure is not None or (claim is not None and claim.status == ClaimStatus.FAILED):
-        state = ShardState.FAILED
-        if failure is not None:
-            last_error = failure.last_error
-    elif completion is not None or (claim is not None and claim.status == ClaimStatus.DONE):
-        state = ShardState.DONE
-    elif claim is None:
-        state = ShardState.PENDING
-    else:
+    state = shard_state(claim, completion is not None, failure is not None)
+    if state == ShardState.FAILED and failure is not None:
+        last_error = failure.last_error
+    elif state == ShardState.RUNNING:
         heartbeat = read_claim_heartbeat(layout, claim)
         last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == claim.token else claim.claimed_at
         age = max(0.0, now - last_seen)
@@ -284,7 +275,7 @@ def job_snapshot(
     for archive in _subdirs(layout.history):
         for shard_id in _subdirs(layout.history / archive):
             if shard_id in specs:
-                root = layout.history / archive / shard_id / "attempts"
+                root = layout.archived(archive, shard_id)["attempts"]
                 attempts += _attempts_in(root, specs[shard_id], None, lock_timeout, now, archive)
     views = []
     for spec in manifest.shards:

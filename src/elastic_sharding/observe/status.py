@@ -8,9 +8,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from elastic_sharding.claims.submission import generations
 from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
-from elastic_sharding.launch.submission import generations
-from elastic_sharding.layout import JobLayout
+from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.observe.durations import format_duration
 from elastic_sharding.observe.metrics import STRAGGLER_FACTOR, Node, Running, WarmOperator, job_metrics
 from elastic_sharding.observe.snapshot import ShardView, counts, job_snapshot
 from elastic_sharding.vocabulary import ShardState
@@ -19,14 +20,7 @@ JSON_SCHEMA_VERSION = 2
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return format_duration(seconds, "status")
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -129,7 +123,7 @@ class Status:
         if attempt_id is None:
             failed = [a for a in self.attempts if a.shard_id == view.shard_id and a.archive is None and a.error]
             attempt_id = failed[-1].attempt_id if failed else None
-        return None if attempt_id is None else str(self.layout.attempt_dir(view.shard_id, attempt_id) / "process.log")
+        return None if attempt_id is None else str(attempt_files(self.layout.attempt_dir(view.shard_id, attempt_id))["log"])
 
     def failures(self) -> list[dict[str, Any]]:
         """Failed shards, and unfinished ones with a failed attempt, with the root cause and log."""
@@ -205,6 +199,17 @@ class Status:
             for item in self.failures()
             if item["state"] == ShardState.FAILED or not failed_only
         ]
+
+    def terminal_failures(self) -> str | None:
+        """The terminally failed shards in one line (at most three named), for a launcher's error."""
+        failed = [
+            f"{v.shard_id} failed {v.failure.failures} time(s), last on host={v.failure.host}: {v.failure.last_error}"
+            for v in self.views
+            if v.failure is not None
+        ]
+        if not failed:
+            return None
+        return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
 
     def summary_line(self) -> str:
         parts = ", ".join(f"{n} {state}" for state, n in self.counts.items())

@@ -35,8 +35,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from elastic_sharding import crashpoints, errors, fsops
-from elastic_sharding.claims.lease import LeaseKeeper, StalenessObserver, new_token, read_heartbeat_file, remove_if_token
+from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
+from elastic_sharding.claims.protocol import new_token, remove_if_token
+from elastic_sharding.claims.takeover import StalenessObserver
 from elastic_sharding.errors import ElasticShardError
+from elastic_sharding.layout import PrepareLayout, preparing_dir
 from elastic_sharding.progress import Progress
 from elastic_sharding.records import PrepareFailure, PreparePlan, UnitClaim, decode, encode
 
@@ -51,34 +54,12 @@ class Gone(Exception):
     cleaned up by the process that reported it."""
 
 
-def preparing_dir(job_root: Path) -> Path:
-    return job_root.parent / f".{job_root.name}.preparing"
-
-
-class PrepareDir:
-    def __init__(self, root: Path, job_root: Path):
-        self.root = root
-        self.job_root = job_root
-        self.plan = root / "plan.json"
-        self.failed = root / "failed.json"
-        self.units = root / "units"
-        self.stage = root / "stage"
+class PrepareDir(PrepareLayout):
+    """A prepare under way (`layout.PrepareLayout`) and what can be read from it."""
 
     @classmethod
     def of(cls, job_root: Path) -> PrepareDir:
         return cls(preparing_dir(job_root), job_root)
-
-    def lock(self, unit: str) -> Path:
-        return self.units / f"{unit}.lock"
-
-    def beat(self, unit: str) -> Path:
-        return self.units / f"{unit}.beat"
-
-    def result(self, unit: str) -> Path:
-        return self.units / f"{unit}.json"
-
-    def blob(self, unit: str) -> Path:
-        return self.units / f"{unit}.bin"
 
     def published(self) -> bool:
         return (self.job_root / "manifest.json").is_file() and not fsops.lexists(self.stage)
@@ -253,7 +234,7 @@ class Participant:
         if current is not None:
             if not self._stale(name, current):
                 return None
-            moved = self.pdir.units / f"{name}.lock.stale-{new_token()[:8]}"
+            moved = self.pdir.stale_lock(name, f"stale-{new_token()[:8]}")
             if not remove_if_token(lock, moved, current.token):
                 return None
             log.warning("prepare: took over %s from host=%s pid=%d", name, current.host, current.pid)
@@ -361,7 +342,7 @@ def join(job_root: Path, stop: Callable[[], bool] = lambda: False, wait_secs: fl
     `wait_secs` for its plan). True once the job is published (also when it already was, which
     a helper started late finds); False if there was no prepare to join or it failed (whoever
     reported the failure makes the command fail)."""
-    from elastic_sharding.prepare.job import UnitWork
+    from elastic_sharding.prepare.units import UnitWork
 
     pdir = PrepareDir.of(job_root)
     deadline = time.monotonic() + wait_secs

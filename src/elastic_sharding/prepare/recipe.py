@@ -84,13 +84,13 @@ def read_recipe(path: Path) -> tuple[dict[str, Any], str]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}") from None
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror or exc}; check the --config path") from None
     try:
         config = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise RecipeError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise RecipeError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}; fix the YAML") from None
     if not isinstance(config, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping")
     return config, hashlib.sha256(raw).hexdigest()
@@ -167,7 +167,9 @@ def inspect(recipe: Recipe) -> None:
     if not isinstance(process, list) or not process:
         raise RecipeError(f"{where}: 'process' must be a non-empty list of operators")
     if config.get("stats_export_path"):
-        raise RecipeError(f"{where}: stats_export_path is not allowed: every shard would write the same statistics file")
+        raise RecipeError(
+            f"{where}: stats_export_path is not allowed: every shard would write the same statistics file; remove it"
+        )
     if "skip_op_error" in config:
         recipe.warnings.append(
             f"recipe sets skip_op_error: {config['skip_op_error']}; "
@@ -187,7 +189,7 @@ def inspect(recipe: Recipe) -> None:
     for position, (name, params) in enumerate(recipe.ops):
         if params.get("stats_export_path"):
             raise RecipeError(
-                f"{where}: process[{position}] {name}: stats_export_path is not allowed: every shard would write the same statistics file"
+                f"{where}: process[{position}] {name}: stats_export_path is not allowed: every shard would write the same statistics file; remove it"
             )
         if "skip_op_error" in params:
             recipe.warnings.append(f"{name} sets skip_op_error: {params['skip_op_error']} explicitly")
@@ -217,13 +219,22 @@ def check_with_engine(recipe: Recipe) -> None:
             )
         for kind_name in GLOBAL_KINDS:
             if issubclass(cls, kinds[kind_name]):
-                raise RecipeError(f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard")
+                raise RecipeError(
+                    f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard; "
+                    "remove it from the recipe and run it on the merged output"
+                )
         if is_global_operation(cls):
-            raise RecipeError(f"{label}: is a global operation that needs the whole dataset")
+            raise RecipeError(
+                f"{label}: is a global operation that needs the whole dataset; remove it from the recipe and run it on the merged output"
+            )
         if not issubclass(cls, (kinds["Mapper"], kinds["Filter"])):
-            raise RecipeError(f"{label}: only Mapper and Filter operators are shard-safe")
+            raise RecipeError(
+                f"{label}: only Mapper and Filter operators are shard-safe; remove it from the recipe and run it on the merged output"
+            )
         if "ray" not in getattr(cls, "_supported_exec_modes", ("ray",)):
-            raise RecipeError(f"{label}: does not support Data-Juicer's Ray executor")
+            raise RecipeError(
+                f"{label}: does not support Data-Juicer's Ray executor; use an operator that does, or run this one on the merged output"
+            )
     _check_with_data_juicer_parser(recipe.config, {name for name, _ in recipe.ops}, where)
 
 
@@ -269,7 +280,9 @@ def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], w
                 parser.parse_args(args=["--config", str(probe)])
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - jsonargparse raises several types
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RecipeError(f"{where}: Data-Juicer's config parser rejects the recipe: {message}") from None
+            raise RecipeError(
+                f"{where}: Data-Juicer's config parser rejects the recipe: {message}; fix the recipe (try it with dj-process)"
+            ) from None
 
 
 def _operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
@@ -280,10 +293,14 @@ def _operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, t
 
         missing = [p for p in custom_paths if not os.path.exists(p)]
         if missing:
-            raise RecipeError(f"{where}: custom_operator_paths entry does not exist: {missing[0]}")
+            raise RecipeError(
+                f"{where}: custom_operator_paths entry does not exist: {missing[0]}; fix the path (relative paths start at the recipe)"
+            )
         try:
             load_custom_operators(custom_paths)
         except Exception as exc:  # noqa: BLE001 - user code: any error is a recipe error
-            raise RecipeError(f"{where}: cannot load custom operators: {exc}") from None
+            raise RecipeError(
+                f"{where}: cannot load custom operators: {exc}; fix the operator module, or check custom_operator_paths"
+            ) from None
     kinds = {name: getattr(base_op, name) for name in ("Mapper", "Filter", *GLOBAL_KINDS)}
     return OPERATORS.modules, kinds

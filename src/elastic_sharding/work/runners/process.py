@@ -8,7 +8,6 @@ the worker (PR_SET_PDEATHSIG) so a killed worker never leaves an orphan still wr
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ import sys
 from pathlib import Path
 
 from elastic_sharding import fsops
+from elastic_sharding.children import child_env, set_parent_death_signal
 from elastic_sharding.errors import AttemptFailed
 from elastic_sharding.vocabulary import Phase
 from elastic_sharding.work.runners.base import AttemptContext, NodeRuntime
@@ -30,23 +30,6 @@ DJ_ENTRY = (
     "from data_juicer.tools.process_data import main; sys.exit(main())"
 )
 STOP_GRACE_SECS = 10.0
-_PR_SET_PDEATHSIG = 1
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
-
-
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """The worker's environment plus `extra`, with this package importable: runner children run
-    our entry modules by name, wherever the worker was started from."""
-    env = dict(os.environ)
-    env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def set_parent_death_signal(sig: int) -> None:
-    """In a child (preexec): receive `sig` when the parent dies (Linux; elsewhere a no-op)."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def _die_with_parent() -> None:

@@ -153,7 +153,7 @@ def _run_shard(recipe: str, recipes: Any) -> None:
 
 
 def _attempt(request: dict[str, Any], state: _State, logs: Any, events: Events) -> None:
-    from elastic_sharding.work.runners.warm_ops import AttemptCancelled
+    from elastic_sharding.work.runners.actor_pool import AttemptCancelled
 
     attempt = request["attempt"]
     began = time.monotonic()
@@ -181,7 +181,7 @@ def _attempt(request: dict[str, Any], state: _State, logs: Any, events: Events) 
 def _cancel(state: _State, attempt: str) -> None:
     """Stop one attempt: its warm-operator calls are refused, and its thread gets an exception
     at its next Python instruction (the runner kills the runtime if that does not end it)."""
-    from elastic_sharding.work.runners.warm_ops import AttemptCancelled
+    from elastic_sharding.work.runners.actor_pool import AttemptCancelled
 
     state.warm.cancel(attempt)
     ident = state.thread_of(attempt)

@@ -1,0 +1,214 @@
+"""The argument parsers of `elastic-shard` and the original demo's `dlc_job.py` / `shard_job.py`.
+
+`docs/reference/cli.md` is generated from these parsers (`scripts/cli-reference`), so the help
+texts here are the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from elastic_sharding import settings
+from elastic_sharding.work.runners import DEFAULT_RUNNER, RUNNERS
+
+DEFAULT_WATCH_SECS = 2.0
+DEFAULT_NUM_SHARDS = 4
+DEFAULT_WAIT_TIMEOUT = 126000.0
+DEFAULT_COORDINATOR_LEASE = 60.0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def _add_job_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-dir", required=True, type=Path, help="shared job directory")
+
+
+def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, launcher: bool) -> None:
+    """What `prepare` needs; the launchers default to the bundled demo recipe and 4 shards."""
+    if config_required:
+        parser.add_argument("--config", required=True, type=Path, help="Data-Juicer YAML recipe")
+    else:
+        parser.add_argument(
+            "--config", type=Path, help="Data-Juicer YAML recipe (default: the bundled demos/elastic_sharding/configs/demo.yaml)"
+        )
+    parser.add_argument("--dataset-path", type=Path, help="JSONL file or directory (overrides the recipe's dataset_path)")
+    _add_job_dir(parser)
+    if config_required:
+        parser.add_argument("--num-shards", required=True, type=_positive_int, help="exact number of non-empty shards")
+    else:
+        parser.add_argument(
+            "--num-shards",
+            type=_positive_int,
+            default=DEFAULT_NUM_SHARDS,
+            help="exact number of non-empty shards (default %(default)s)",
+        )
+    parser.add_argument(
+        "--prepare-procs",
+        type=_positive_int,
+        help="processes on this node that share the prepare (default: its usable cores; for `local`, --workers)",
+    )
+    settings.add_arguments(parser, as_overrides=False, launcher=launcher)
+
+
+def _add_runner(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runner",
+        default=DEFAULT_RUNNER,
+        choices=RUNNERS,
+        help="warm: one Ray runtime per worker, reused for every shard; process: a fresh dj-process per attempt "
+        "(default %(default)s, or $ELASTIC_SHARD_RUNNER)",
+    )
+
+
+def _add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr (shown on a terminal by default)")
+
+
+def _add_launcher(parser: argparse.ArgumentParser) -> None:
+    _add_job_request(parser, config_required=False, launcher=True)
+    parser.add_argument(
+        "--output",
+        help="final merged JSONL (default <job-dir>/merged.jsonl), or a directory (ending in /, or existing) to publish one "
+        "JSONL per shard plus an index; missing directories are created before anything starts",
+    )
+    _add_runner(parser)
+    _add_quiet(parser)
+
+
+def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argparse.ArgumentParser:
+    """`profile="dlc"` is the original demo's `dlc_job.py`: its sub-commands default to the bundled demo."""
+    dlc = profile == "dlc"
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a Data-Juicer recipe over a large JSONL dataset on many nodes that share a POSIX directory.",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("ELASTIC_SHARD_LOG_LEVEL", "INFO"), help="stderr log level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("dlc", help="the same command on every node of a Worker-broadcast job: prepare, work, merge")
+    _add_launcher(p)
+    p.add_argument("--nodes", type=_positive_int, help="expected Workers: informational in elastic mode, required in strict mode")
+    p.add_argument(
+        "--require-all-nodes",
+        action="store_true",
+        help="strict mode: cap claims per Worker and require --nodes distinct hostnames",
+    )
+    p.add_argument(
+        "--run-id", help="identifier shared by every instance of one submission (default: $PAI_JOB_ID, $DLC_JOB_ID or $JOB_ID)"
+    )
+    p.add_argument(
+        "--wait-timeout-secs",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT,
+        help="maximum prepare/completion/finalize wait (default %(default)s)",
+    )
+    p.add_argument(
+        "--coordinator-lease-secs",
+        type=float,
+        default=DEFAULT_COORDINATOR_LEASE,
+        help="a prepare/finalize coordinator that stops heartbeating for this long is taken over (default %(default)s)",
+    )
+
+    p = sub.add_parser("mpi", help="MPIJob Launcher: prepare, mpirun one worker per node, merge")
+    _add_launcher(p)
+    p.add_argument("--np", type=_positive_int, help="number of worker ranks (default: the hosts in --hostfile)")
+    p.add_argument("--hostfile", type=Path, help="OpenMPI hostfile (default /etc/mpi/hostfile when it exists)")
+    p.add_argument("--mpirun", default="mpirun", help="mpirun executable (default %(default)s)")
+    p.add_argument("--mpirun-arg", action="append", default=[], metavar="ARG", help="extra mpirun argument (repeatable)")
+    p.add_argument("--max-shards", type=_positive_int, help="per-worker claim cap (default unlimited)")
+    p.add_argument(
+        "--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)"
+    )
+
+    p = sub.add_parser("local", help="a whole job on this machine: prepare, N worker processes, merge")
+    _add_launcher(p)
+    p.add_argument("--workers", type=_positive_int, default=2, help="worker processes (default %(default)s)")
+
+    p = sub.add_parser("prepare", help="validate recipe and input, split into shards, publish the job")
+    _add_job_request(p, config_required=not dlc, launcher=dlc)
+    p.add_argument("--json", action="store_true", help="print the manifest summary as JSON on stdout (implies --quiet)")
+    _add_quiet(p)
+
+    p = sub.add_parser("worker", help="claim and process shards until the job is complete")
+    _add_job_dir(p)
+    p.add_argument("--max-shards", type=_positive_int, help="maximum claims (failed attempts count); default unlimited")
+    settings.add_arguments(p, as_overrides=True)
+    p.add_argument("--allow-version-mismatch", action="store_true", help="run even if Data-Juicer differs from the manifest")
+    _add_runner(p)
+
+    p = sub.add_parser("status", help="show the state of every shard (read-only)")
+    _add_job_dir(p)
+    p.add_argument("--lock-timeout-secs", type=float, help="only affects whether claims display as stale")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+    p.add_argument(
+        "--all", action="store_true", default=dlc, help="list every shard and owner" + (" (always on here)" if dlc else "")
+    )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=_positive_float,
+        const=DEFAULT_WATCH_SECS,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {DEFAULT_WATCH_SECS:g}) until the job completes or fails; "
+        "plain lines when stdout is not a terminal, one JSON object per line with --json",
+    )
+    p.add_argument(
+        "--prometheus",
+        type=Path,
+        metavar="FILE",
+        help="also write the metrics in node-exporter textfile format to FILE, atomically (every tick with --watch)",
+    )
+
+    p = sub.add_parser("report", help="write a self-contained HTML page: timeline of every attempt, throughput, shards")
+    _add_job_dir(p)
+    p.add_argument(
+        "--output", required=True, type=Path, help="the HTML file to write (e.g. report.html); missing directories are created"
+    )
+    p.add_argument("--lock-timeout-secs", type=float, help="only affects whether claims display as stale")
+
+    if not dlc:
+        p = sub.add_parser("retry", help="requeue terminally failed shards")
+        _add_job_dir(p)
+        p.add_argument("--all-failed", action="store_true", help="requeue every failed shard")
+        p.add_argument("--shard-id", action="append", default=[], help="requeue this shard (repeatable)")
+
+        p = sub.add_parser("merge", help="validate and merge all shard outputs in manifest order")
+        _add_job_dir(p)
+        p.add_argument(
+            "--output",
+            required=True,
+            help="final JSONL path, or a directory (ending in /, or existing): one JSONL per shard in manifest order plus "
+            "an index, hard-linked where possible; missing directories are created",
+        )
+        p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
+        p.add_argument(
+            "--overwrite", action="store_true", help="replace an existing output (a directory only if it is an earlier merge's)"
+        )
+        p.add_argument("--json", action="store_true", help="print the merge record as JSON on stdout (implies --quiet)")
+        _add_quiet(p)
+
+    p = sub.add_parser("verify", help="check that the job is complete, valid, and ran on enough nodes")
+    _add_job_dir(p)
+    p.add_argument(
+        "--output",
+        help="merged file, or directory output, to check against merge.json (default <job-dir>/merged.jsonl if present)",
+    )
+    p.add_argument(
+        "--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    return parser

@@ -1,0 +1,310 @@
+"""The report's timeline: one lane per node, one bar per attempt, arrows from each retry or takeover.
+
+Bars that overlap on a node (claim-ahead, several workers) are stacked in sub-rows; each bar's
+title holds the attempt's details, and the shard number (and retry/takeover) is written inside
+the bar where it fits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from elastic_sharding.observe.html_format import esc, fmt_bytes, fmt_int, fmt_secs, iso
+from elastic_sharding.observe.snapshot import AttemptView
+from elastic_sharding.vocabulary import OUTCOMES, AttemptOutcome
+
+LABEL_W, PLOT_W, RIGHT_PAD, AXIS_H = 180, 1000, 24, 30
+ROW_H, ROW_GAP, LANE_PAD, MIN_BAR_W = 20, 4, 8, 3.0
+CHAR_W = 6.6  # average advance of the 11px bar font, to decide whether a label fits
+TICK_STEPS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+MAX_TICKS = 10
+LANE_LABEL_CHARS = 21
+TITLE_ERROR_CHARS = 400
+TAKEOVER, RETRY = "takeover", "retry"
+
+
+def _fmt_elapsed(secs: float, fraction: bool = False) -> str:
+    """m:ss (h:mm:ss past an hour) for axis ticks; tenths when ticks are closer than a second."""
+    whole = int(secs)
+    text = f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}" if whole >= 3600 else f"{whole // 60}:{whole % 60:02d}"
+    return f"{text}.{int(round((secs - whole) * 10)) % 10}" if fraction else text
+
+
+def _shard_number(shard_id: str) -> str:
+    match = re.match(r"part-0*(\d+)", shard_id) or re.search(r"(\d+)", shard_id)
+    return match.group(1) if match else shard_id[:8]
+
+
+# -- timeline geometry -------------------------------------------------------------------------
+
+
+@dataclass
+class _Bar:
+    view: AttemptView
+    x0: float
+    x1: float
+    kind: str | None = None  # retry | takeover for attempts after a shard's first
+    row: int = 0
+    y: float = 0.0
+    room_right: float = float("inf")
+
+    @property
+    def mid_y(self) -> float:
+        return self.y + ROW_H / 2
+
+
+@dataclass
+class _Lane:
+    host: str
+    bars: list[_Bar]
+    rows: int
+    top: float
+    height: float
+
+
+@dataclass
+class _Timeline:
+    start: float
+    end: float
+    lanes: list[_Lane]
+    height: float
+
+    def x(self, at: float) -> float:
+        return LABEL_W + (at - self.start) / max(self.end - self.start, 1e-9) * PLOT_W
+
+
+def _attempt_end(view: AttemptView, now: float) -> float:
+    return view.ended_at if view.ended_at is not None else max(now, view.started_at)
+
+
+def _handoff_kinds(attempts: list[AttemptView]) -> dict[int, str]:
+    """For each attempt after its shard's first (by index): how it followed the previous one."""
+    previous: dict[str, AttemptView] = {}
+    kinds: dict[int, str] = {}
+    for index, view in sorted(enumerate(attempts), key=lambda item: (item[1].started_at, item[1].attempt_id)):
+        before = previous.get(view.shard_id)
+        if before is not None:
+            kinds[index] = TAKEOVER if before.outcome in (AttemptOutcome.SUPERSEDED, AttemptOutcome.STALE) else RETRY
+        previous[view.shard_id] = view
+    return kinds
+
+
+def _pack(bars: list[_Bar]) -> int:
+    """Greedy interval packing: each bar goes to the first sub-row free at its start."""
+    row_ends: list[float] = []
+    for bar in sorted(bars, key=lambda b: (b.x0, b.x1, b.view.shard_id, b.view.attempt_id)):
+        bar.row = next((row for row, end in enumerate(row_ends) if bar.x0 >= end - 0.5), len(row_ends))
+        if bar.row == len(row_ends):
+            row_ends.append(bar.x1)
+        row_ends[bar.row] = bar.x1
+    return max(1, len(row_ends))
+
+
+def _layout(attempts: list[AttemptView], now: float) -> tuple[_Timeline, dict[int, _Bar]]:
+    start = min(view.started_at for view in attempts)
+    end = max(_attempt_end(view, now) for view in attempts)
+    timeline = _Timeline(start, max(end, start + 1e-3), [], 0.0)
+    kinds = _handoff_kinds(attempts)
+    by_index: dict[int, _Bar] = {}
+    by_host: dict[str, list[_Bar]] = {}
+    for index, view in enumerate(attempts):
+        x0 = timeline.x(view.started_at)
+        bar = _Bar(view, x0, max(timeline.x(_attempt_end(view, now)), x0 + MIN_BAR_W), kinds.get(index))
+        by_index[index] = bar
+        by_host.setdefault(view.host, []).append(bar)
+    top = float(AXIS_H)
+    for host in sorted(by_host):
+        bars = by_host[host]
+        rows = _pack(bars)
+        height = 2 * LANE_PAD + rows * ROW_H + (rows - 1) * ROW_GAP
+        for bar in bars:
+            bar.y = top + LANE_PAD + bar.row * (ROW_H + ROW_GAP)
+        _set_room(bars)
+        timeline.lanes.append(_Lane(host, bars, rows, top, height))
+        top += height
+    timeline.height = top + 6
+    return timeline, by_index
+
+
+def _set_room(bars: list[_Bar]) -> None:
+    """Free space to the right of each bar in its sub-row, where a label that does not fit may go."""
+    rows: dict[int, list[_Bar]] = {}
+    for bar in bars:
+        rows.setdefault(bar.row, []).append(bar)
+    for row in rows.values():
+        row.sort(key=lambda b: b.x0)
+        for bar, following in zip(row, row[1:]):
+            bar.room_right = following.x0 - bar.x1
+        row[-1].room_right = LABEL_W + PLOT_W + RIGHT_PAD - row[-1].x1
+
+
+def _tick_step(span: float) -> float:
+    for step in TICK_STEPS:
+        if span / step <= MAX_TICKS:
+            return step
+    return span / MAX_TICKS
+
+
+# -- timeline SVG ----------------------------------------------------------------------------
+
+
+def _bar_title(bar: _Bar, start: float, now: float) -> str:
+    view = bar.view
+    took = view.secs if view.secs is not None else max(0.0, now - view.started_at)
+    lines = [
+        f"{view.shard_id} · attempt {view.attempt_id}",
+        f"host {view.host} · pid {view.pid} · runner {view.runner}",
+        f"outcome: {view.outcome}" + (f" ({bar.kind} of an earlier attempt)" if bar.kind else ""),
+        f"started +{fmt_secs(view.started_at - start)} ({iso(view.started_at)}), "
+        + (f"took {fmt_secs(took)}" if view.ended_at is not None else f"running for {fmt_secs(took)}"),
+        f"rows {fmt_int(view.input_rows)} in → {fmt_int(view.output_rows)} out · {fmt_bytes(view.input_bytes)}",
+    ]
+    if view.setup_secs:
+        lines.append(f"runtime start-up: {fmt_secs(view.setup_secs)} of it")
+    if view.phase:
+        lines.append(f"phase: {view.phase}" + (f" (expected ~{fmt_secs(view.expected_secs)})" if view.expected_secs else ""))
+    if view.error:
+        error = view.error if len(view.error) <= TITLE_ERROR_CHARS else view.error[:TITLE_ERROR_CHARS] + "…"
+        lines.append(f"error: {error}")
+    if view.archive:
+        lines.append(f"archived by retry {view.archive}")
+    lines.append(f"log: {view.log}")
+    return "\n".join(lines)
+
+
+def _bar_label(bar: _Bar) -> str:
+    """The shard number (and retry/takeover) inside the bar, else beside it, else nothing."""
+    number = _shard_number(bar.view.shard_id)
+    light = " on-light" if bar.view.outcome in (AttemptOutcome.INTERRUPTED, AttemptOutcome.STALE) else ""
+    y = bar.mid_y + 4
+    width = bar.x1 - bar.x0
+    for text in [f"{number} {bar.kind}", number] if bar.kind else [number]:
+        if len(text) * CHAR_W + 8 <= width:
+            return f'<text class="bar-text{light}" x="{bar.x0 + 4:.1f}" y="{y:.1f}">{esc(text)}</text>'
+    if bar.kind and len(bar.kind) * CHAR_W + 6 <= bar.room_right:
+        return f'<text class="bar-text outside" x="{bar.x1 + 3:.1f}" y="{y:.1f}">{esc(bar.kind)}</text>'
+    return ""
+
+
+def _bar_svg(bar: _Bar, start: float, now: float) -> str:
+    view = bar.view
+    outcome = view.outcome if view.outcome in OUTCOMES else AttemptOutcome.FAILED
+    kind = f' data-kind="{bar.kind}"' if bar.kind else ""
+    return (
+        f'<rect class="attempt outcome-{outcome}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '
+        f'height="{ROW_H}" rx="3" data-shard="{esc(view.shard_id)}" data-attempt="{esc(view.attempt_id)}" '
+        f'data-host="{esc(view.host)}" data-outcome="{esc(outcome)}"{kind}>'
+        f"<title>{esc(_bar_title(bar, start, now))}</title></rect>{_setup_svg(bar)}{_bar_label(bar)}"
+    )
+
+
+def _setup_svg(bar: _Bar) -> str:
+    """The part of an attempt spent starting its node's runtime, hatched over the bar's start."""
+    view = bar.view
+    took = view.secs
+    if not view.setup_secs or not took:
+        return ""
+    width = (bar.x1 - bar.x0) * min(1.0, view.setup_secs / took)
+    if width < 1.0:
+        return ""
+    return f'<rect class="setup" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{width:.1f}" height="{ROW_H}" rx="3"/>'
+
+
+def _handoff_svg(before: _Bar, after: _Bar) -> str:
+    x1, y1, x2, y2 = before.x1, before.mid_y, after.x0, after.mid_y
+    bend = max(18.0, abs(x2 - x1) / 2)
+    return (
+        f'<path class="handoff {after.kind}" data-shard="{esc(after.view.shard_id)}" '
+        f'd="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}" '
+        f'marker-end="url(#arrow-{after.kind})"/>'
+    )
+
+
+def _axis_svg(timeline: _Timeline, now: float, running: bool) -> list[str]:
+    span = timeline.end - timeline.start
+    step = _tick_step(span)
+    parts = [f'<line class="axis" x1="{LABEL_W}" y1="{AXIS_H - 4}" x2="{LABEL_W + PLOT_W}" y2="{AXIS_H - 4}"/>']
+    count = int(span / step + 1e-9)
+    for i in range(count + 1):
+        x = timeline.x(timeline.start + i * step)
+        parts.append(f'<line class="grid" x1="{x:.1f}" y1="{AXIS_H - 8}" x2="{x:.1f}" y2="{timeline.height - 6:.1f}"/>')
+        anchor = "start" if i == 0 else "middle"
+        label = _fmt_elapsed(i * step, fraction=step < 1)
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{AXIS_H - 12}" text-anchor="{anchor}">{label}</text>')
+    if running:
+        x = timeline.x(min(now, timeline.end))
+        parts.append(f'<line class="now" x1="{x:.1f}" y1="{AXIS_H - 8}" x2="{x:.1f}" y2="{timeline.height - 6:.1f}"/>')
+        parts.append(f'<text class="now-label" x="{x - 3:.1f}" y="{AXIS_H - 12}" text-anchor="end">now</text>')
+    return parts
+
+
+def _lane_svg(lane: _Lane, index: int) -> list[str]:
+    alt = " alt" if index % 2 else ""
+    width = LABEL_W + PLOT_W + RIGHT_PAD
+    host = lane.host if len(lane.host) <= LANE_LABEL_CHARS else lane.host[: LANE_LABEL_CHARS - 1] + "…"
+    mid = lane.top + lane.height / 2
+    count = len(lane.bars)
+    sub = f"{count} attempt{'s' if count != 1 else ''}" + (f" · {lane.rows} overlapping" if lane.rows > 1 else "")
+    return [
+        f'<rect class="lane-bg{alt}" x="0" y="{lane.top:.1f}" width="{width}" height="{lane.height:.1f}"/>',
+        f'<text class="lane-label" x="10" y="{mid - 2:.1f}">{esc(host)}<title>{esc(lane.host)}</title></text>',
+        f'<text class="lane-sub" x="10" y="{mid + 12:.1f}">{esc(sub)}</text>',
+    ]
+
+
+SVG_DEFS = """<defs>
+<pattern id="stale-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+<rect width="6" height="6" fill="#e1e4e8"/><rect width="2.5" height="6" fill="#8c959f"/></pattern>
+<pattern id="running-stripes" width="12" height="12" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+<rect width="12" height="12" fill="#2f7de1"/><rect width="5" height="12" fill="#5b9bea"/>
+<animateTransform attributeName="patternTransform" type="translate" additive="sum" from="0 0" to="12 0"
+ dur="1.2s" repeatCount="indefinite"/></pattern>
+<pattern id="setup-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+<rect width="2.5" height="6" fill="#ffffff" fill-opacity="0.7"/></pattern>
+<marker id="arrow-retry" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
+<path d="M0,0 L8,4 L0,8 z" fill="#57606a"/></marker>
+<marker id="arrow-takeover" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
+<path d="M0,0 L8,4 L0,8 z" fill="#bc4c00"/></marker>
+</defs>"""
+
+
+def timeline_svg(attempts: list[AttemptView], now: float) -> str:
+    if not attempts:
+        return '<p class="none">No attempt has started yet.</p>'
+    timeline, bars = _layout(attempts, now)
+    running = any(view.ended_at is None for view in attempts)
+    width = LABEL_W + PLOT_W + RIGHT_PAD
+    parts = [
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {timeline.height:.0f}" '
+        f'width="{width}" height="{timeline.height:.0f}" role="img" aria-label="attempts per node over time">',
+        SVG_DEFS,
+    ]
+    for index, lane in enumerate(timeline.lanes):
+        parts += _lane_svg(lane, index)
+    parts += _axis_svg(timeline, now, running)
+    for index in range(len(attempts)):
+        parts.append(_bar_svg(bars[index], timeline.start, now))
+    previous: dict[str, _Bar] = {}
+    for index in sorted(bars, key=lambda i: (attempts[i].started_at, attempts[i].attempt_id)):
+        bar = bars[index]
+        if bar.kind and bar.view.shard_id in previous:
+            parts.append(_handoff_svg(previous[bar.view.shard_id], bar))
+        previous[bar.view.shard_id] = bar
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def legend(attempts: list[AttemptView]) -> str:
+    counts = {outcome: 0 for outcome in OUTCOMES}
+    for view in attempts:
+        counts[view.outcome] = counts.get(view.outcome, 0) + 1
+    items = [f'<span><i class="swatch sw-{o}"></i>{o} ({counts[o]})</span>' for o in OUTCOMES]
+    if any(view.setup_secs for view in attempts):
+        items.append('<span><i class="swatch sw-setup"></i>starting the node runtime</span>')
+    items.append('<span><i class="sw-line"></i>retry (after a failure or hand-back)</span>')
+    items.append('<span><i class="sw-line takeover"></i>takeover of a superseded/stale claim</span>')
+    return '<div class="legend">' + "".join(items) + "</div>"
+
+
+__all__ = ["legend", "timeline_svg"]

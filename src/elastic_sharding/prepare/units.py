@@ -1,0 +1,401 @@
+"""The units of one prepare plan (`cooperate`): scan, cut, recipe, write and final.
+
+Pass two re-reads (detecting any change since pass one), writes each row in normalized form, and
+cuts exactly `num_shards` contiguous, non-empty shards balanced by normalized bytes. Shards and
+manifest go into the plan's staging directory; the final unit publishes the job by renaming it
+onto the job directory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import hashlib
+import math
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from elastic_sharding import crashpoints, fsops
+from elastic_sharding.engine import engine_identity
+from elastic_sharding.errors import InputError, JobStateError, RecipeError, UsageError
+from elastic_sharding.layout import JobLayout
+from elastic_sharding.prepare.cooperate import PrepareDir
+from elastic_sharding.prepare.fingerprints import sha256_concatenated
+from elastic_sharding.prepare.inputs import relpath, stat_input
+from elastic_sharding.prepare.jsonl import HashingLineReader, Offload, parse_object
+from elastic_sharding.prepare.normalize import RowNormalizer, SchemaNode
+from elastic_sharding.prepare.recipe import load_recipe
+from elastic_sharding.prepare.scan import digits, read_blob, scan_pieces, unit_blob
+from elastic_sharding.prepare.shard_writer import ShardLineTooLong, ShardWriter
+from elastic_sharding.records import (
+    ROW_KEY,
+    InputFile,
+    Manifest,
+    PrepareCuts,
+    PreparePlan,
+    RecipeJudged,
+    ScanResult,
+    ShardCut,
+    ShardSpec,
+    ShardWritten,
+    encode,
+    from_dict,
+    load,
+    shard_id_for,
+)
+
+MAX_MARKS = 1 << 16  # rows of cumulative weights held at once while placing a shard boundary
+
+
+class UnitWork:
+    """The five kinds of unit (`cooperate`) over one plan; any process can do any of them."""
+
+    def __init__(self, pdir: PrepareDir, plan: PreparePlan):
+        self.pdir = pdir
+        self.plan = plan
+        self.files = [Path(f) for f in plan.files]
+        self.stage = JobLayout(pdir.stage)
+
+    def _normalizer(self) -> RowNormalizer:
+        return RowNormalizer(tuple(self.plan.media_keys), self.plan.index_key, ROW_KEY)
+
+    def _scan_result(self, index: int) -> ScanResult:
+        path = self.pdir.result(f"scan-{index:05d}")
+        return load(ScanResult, path)
+
+    def _cuts(self) -> PrepareCuts:
+        return load(PrepareCuts, self.pdir.result("cut"))
+
+    # ---- scan -------------------------------------------------------------------------------
+
+    def scan(self, index: int) -> bytes:
+        host, pid = socket.gethostname(), os.getpid()
+        normalizer = self._normalizer()
+        try:
+            with Offload() as offload:
+                scan = scan_pieces(self.files, self.plan.units[index], self.plan.base, normalizer, offload, self.plan.max_line)
+        except InputError as exc:
+            return encode(ScanResult(index, host, pid, False, str(exc), 0, 0, 0, [], []))
+        fsops.publish_once(self.pdir.blob(f"scan-{index:05d}"), unit_blob(scan))
+        record = ScanResult(
+            index, host, pid, True, None, scan.rows, scan.weight, normalizer.added_keys, scan.pieces, scan.schema.flatten()
+        )
+        return encode(record)
+
+    # ---- cut --------------------------------------------------------------------------------
+
+    def cut(self) -> bytes:
+        """Merge the scans in order into the one-pass schema (re-scanning the first unit that
+        failed or contradicts the ones before it, to raise exactly the one-pass error), fix the
+        weights of added indices, and place the shard boundaries by the one-pass rule."""
+        import numpy as np
+
+        plan = self.plan
+        schema = SchemaNode()
+        next_line = [1] * len(self.files)
+        piece_lines: list[list[int]] = []
+        piece_offsets: list[list[int]] = []
+        unit_rows: list[int] = []
+        unit_weights: list[int] = []
+        results: list[ScanResult] = []
+        rows = 0
+        for index, pieces in enumerate(plan.units):
+            result = self._scan_result(index)
+            results.append(result)
+            lines = [next_line[file] for file, _, _ in pieces]
+            names = [str(self.files[file]) for file, _, _ in pieces]
+
+            def origin(where: str, names: list[str] = names, lines: list[int] = lines) -> str:
+                piece, _, line = where.partition(":")
+                return f"{names[int(piece)]}:{lines[int(piece)] + int(line) - 1}"
+
+            local = SchemaNode.unflatten(result.schema, origin) if result.ok else None
+            if local is None or schema.conflicts_with(local):
+                self._rescan(index, schema, rows, lines)
+                raise InputError(result.error or "the input changed while prepare was reading it; rerun prepare")
+            schema.absorb(local)
+            for (file, _, _), (_, count, _) in zip(pieces, result.pieces):
+                next_line[file] += count
+            piece_lines.append(lines)
+            piece_offsets.append([offset for offset, _, _ in result.pieces])
+            weight = result.weight
+            if plan.index_key is not None and result.rows:
+                _, _, added = read_blob(self.pdir.blob(f"scan-{index:05d}"), result.rows)
+                weight += int((added * (digits(rows, result.rows) - 1)).sum())
+            unit_rows.append(result.rows)
+            unit_weights.append(weight)
+            rows += result.rows
+        total_weight = sum(unit_weights)
+        dataset_root = Path(plan.manifest["dataset_root"])
+        if rows == 0:
+            raise InputError("the input has no rows", dataset_root)
+        if plan.num_shards > rows:
+            raise UsageError(f"--num-shards {plan.num_shards} exceeds the number of input rows ({rows})")
+        warnings = []
+        int_nulls = schema.int_null_fields()
+        if int_nulls:
+            warnings.append(
+                "integer field(s) null or missing in some rows: "
+                + ", ".join(int_nulls[:5])
+                + " - Ray's JSON export writes them as floats in blocks that hold a null"
+            )
+        firsts = self._cut_rows(rows, total_weight, unit_rows, unit_weights, np)
+        shards = []
+        unit_first = [0]
+        for n in unit_rows:
+            unit_first.append(unit_first[-1] + n)
+        for k, first in enumerate(firsts):
+            end = firsts[k + 1] if k + 1 < len(firsts) else rows
+            shards.append(ShardCut(first, end - first, _segments(first, end, unit_first, results)))
+        return encode(PrepareCuts(rows, total_weight, schema.flatten(), warnings, shards, piece_lines, piece_offsets))
+
+    def _rescan(self, index: int, schema: SchemaNode, first_row: int, lines: list[int]) -> None:
+        with Offload() as offload:
+            scan_pieces(
+                self.files,
+                self.plan.units[index],
+                self.plan.base,
+                self._normalizer(),
+                offload,
+                self.plan.max_line,
+                schema=schema,
+                first_row=first_row,
+                first_lines=lines,
+            )
+
+    def _cut_rows(self, rows: int, total_weight: int, unit_rows: list[int], unit_weights: list[int], np: Any) -> list[int]:
+        """The first row of every shard: shard i ends after the first row r at or after its start
+        whose cumulative weight reaches (i+1)/count of the total, unless only as many rows as
+        shards are left (exactly the one-pass rule)."""
+        count = self.plan.num_shards
+        ends = []
+        acc = 0
+        for w in unit_weights:
+            acc += w
+            ends.append(acc)
+        firsts = [0]
+        unit_first = [0]
+        for n in unit_rows:
+            unit_first.append(unit_first[-1] + n)
+        for shard in range(count - 1):
+            start = firsts[-1]
+            threshold = math.ceil(total_weight * (shard + 1) / count)
+            row = self._first_reaching(threshold, ends, unit_first, unit_weights, np)
+            row = min(max(row, start), rows - count + shard)
+            firsts.append(row + 1)
+        return firsts
+
+    def _first_reaching(self, threshold: int, ends: list[int], unit_first: list[int], unit_weights: list[int], np: Any) -> int:
+        """The first row whose cumulative weight is at least `threshold`."""
+        unit = bisect.bisect_left(ends, threshold)
+        if unit >= len(ends):
+            return unit_first[-1] - 1
+        rows = unit_first[unit + 1] - unit_first[unit]
+        _, weights, added = read_blob(self.pdir.blob(f"scan-{unit:05d}"), rows)
+        cumulative = ends[unit] - unit_weights[unit]
+        for lo in range(0, rows, MAX_MARKS):
+            hi = min(rows, lo + MAX_MARKS)
+            part = weights[lo:hi].astype(np.int64)
+            if self.plan.index_key is not None:
+                part += added[lo:hi] * (digits(unit_first[unit] + lo, hi - lo) - 1)
+            sums = np.cumsum(part) + cumulative
+            at = int(np.searchsorted(sums, threshold, side="left"))
+            if at < hi - lo:
+                return unit_first[unit] + lo + at
+            cumulative = int(sums[-1])
+        return unit_first[unit + 1] - 1
+
+    # ---- write ------------------------------------------------------------------------------
+
+    def write(self, index: int) -> bytes:
+        """Pass two for one shard: re-read its rows, write them normalized in the schema's shape."""
+        cuts = self._cuts()
+        cut = cuts.shards[index]
+        plan = self.plan
+        schema = SchemaNode.unflatten(cuts.schema)
+        shape = schema.shaper() or (lambda row: row)
+        normalize = self._normalizer().normalize
+        dumps = orjson.dumps
+        max_shard_line = plan.max_line + 1  # with its newline
+        shard_id = shard_id_for(index, plan.num_shards)
+        blobs: dict[int, Any] = {}
+        row_index = cut.first_row
+        with Offload() as offload:
+            writer = ShardWriter(self.stage.shards_dir / f"{shard_id}.jsonl", offload)
+            try:
+                for file in sorted({plan.units[unit][piece][0] for unit, piece, *_ in cut.segments}):
+                    stat_input(self.files[file])
+                for unit, piece, in_unit, in_piece, count in cut.segments:
+                    file, start, _ = plan.units[unit][piece]
+                    path = self.files[file]
+                    if unit not in blobs:
+                        blobs[unit] = read_blob(self.pdir.blob(f"scan-{unit:05d}"), self._scan_result(unit).rows)[0]
+                    lengths = blobs[unit]
+                    piece_start = in_unit - in_piece
+                    offset = cuts.piece_offsets[unit][piece] + int(lengths[piece_start:in_unit].sum()) + in_piece
+                    line0 = cuts.piece_lines[unit][piece] + in_piece
+                    reader = HashingLineReader(
+                        path, offload, max_line=plan.max_line, start=offset, first_line=line0, hashing=False
+                    )
+                    left = count
+                    at = in_unit
+                    for first, lines in reader.blocks():
+                        for lineno, line in enumerate(lines, first):
+                            if len(line) != lengths[at]:
+                                raise InputError(
+                                    "changed while prepare was reading it; rerun prepare when the input is stable", path, lineno
+                                )
+                            row = normalize(parse_object(line, path, lineno), plan.base, row_index, path, lineno)
+                            shaped = {ROW_KEY: row_index}
+                            shaped.update(shape(row))
+                            out = dumps(shaped) + b"\n"
+                            if len(out) > max_shard_line:
+                                raise ShardLineTooLong(len(out) - 1, plan.max_line, path, lineno)
+                            writer.add(out)
+                            row_index += 1
+                            at += 1
+                            left -= 1
+                            if not left:
+                                break
+                        if not left:
+                            break
+                    if left:
+                        raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", path)
+                spec = writer.finish()
+            except ShardLineTooLong as exc:
+                writer.abort()
+                raise exc.error() from None
+            except InputError as exc:
+                writer.abort()
+                if "while prepare was reading it" in str(exc):
+                    raise
+                raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
+            except BaseException:
+                writer.abort()
+                raise
+        rows, size, sha = spec
+        return encode(ShardWritten(index, socket.gethostname(), os.getpid(), rows, size, sha))
+
+    # ---- recipe -----------------------------------------------------------------------------
+
+    def recipe(self) -> bytes:
+        """Data-Juicer's judgement of the recipe the plan was made from (its registry and config
+        parser); the final unit waits for it, so no job is published with a recipe it rejects."""
+        request = self.plan.manifest["request"]
+        recipe = load_recipe(Path(request["config_path"]), Path(self.plan.recipe_base))
+        if recipe.sha256 != request["config_sha256"]:
+            raise RecipeError(f"{recipe.source}: the recipe changed while prepare was running; run prepare again")
+        identity = engine_identity()
+        return encode(RecipeJudged(socket.gethostname(), os.getpid(), identity.data_juicer_version))
+
+    # ---- final ------------------------------------------------------------------------------
+
+    def final(self) -> bytes:
+        """Fingerprints, the manifest, and the job published by renaming the stage onto it."""
+        plan = self.plan
+        cuts = self._cuts()
+        scans = [self._scan_result(i) for i in range(len(plan.units))]
+        per_file: list[list[str]] = [[] for _ in self.files]
+        rows_of = [0] * len(self.files)
+        for pieces, result in zip(plan.units, scans):
+            for (file, _, _), (_, count, digest) in zip(pieces, result.pieces):
+                per_file[file].append(digest)
+                rows_of[file] += count
+        kind, root = plan.manifest["dataset_kind"], Path(plan.manifest["dataset_root"])
+        if kind == "file":
+            root = root.parent
+        inputs = []
+        for i, path in enumerate(self.files):
+            st = stat_input(path, " (it disappeared while prepare was reading it)")
+            if st.st_size != plan.sizes[i] or st.st_mtime_ns != plan.mtimes[i]:
+                raise InputError("changed while prepare was reading it; rerun prepare when the input is stable", path)
+            digests = per_file[i]
+            chunked = len(digests) > 1
+            sha = hashlib.sha256(b"".join(bytes.fromhex(d) for d in digests)).hexdigest() if chunked else digests[0]
+            inputs.append(
+                InputFile(
+                    path=str(path),
+                    relpath=relpath(path, kind, root),
+                    size=st.st_size,
+                    mtime_ns=st.st_mtime_ns,
+                    sha256=sha,
+                    rows=rows_of[i],
+                    chunk_bytes=plan.unit_bytes if chunked else 0,
+                    chunks=digests if chunked else [],
+                )
+            )
+        specs = []
+        for k, cut in enumerate(cuts.shards):
+            written = load(ShardWritten, self.pdir.result(f"write-{k:05d}"))
+            shard_id = shard_id_for(k, plan.num_shards)
+            specs.append(
+                ShardSpec(shard_id, k, f"shards/{shard_id}.jsonl", cut.first_row, written.rows, written.bytes, written.sha256)
+            )
+        normalized = sha256_concatenated([self.stage.shards_dir / f"{s.shard_id}.jsonl" for s in specs])
+        layout = self.stage
+        for sub in (*layout.skeleton, layout.cache_dir):
+            fsops.ensure_dir(sub)
+        recipe_bytes = plan.recipe_text.encode()
+        if not layout.recipe.exists():
+            with fsops.atomic_output(layout.recipe, replace=True) as out:
+                out.write(recipe_bytes)
+                out.commit()
+        fields = dict(plan.manifest)
+        fields.update(
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            inputs=[dataclasses.asdict(f) for f in inputs],
+            total_rows=cuts.total_rows,
+            total_bytes=sum(s.bytes for s in specs),
+            normalized_sha256=normalized,
+            shards=[dataclasses.asdict(s) for s in specs],
+            warnings=[*fields.get("warnings", []), *cuts.warnings],
+            prepared_by=self._participants(scans, plan.num_shards),
+        )
+        manifest = from_dict(Manifest, fields, "manifest")
+        # Every write unit is done: a temporary file left in shards/ is a partial shard of a writer
+        # that lost its unit (killed, or fenced and still writing to an inode nobody will link).
+        for entry in os.listdir(layout.shards_dir):
+            if entry.startswith(".") and ".tmp-" in entry:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(layout.shards_dir / entry)
+        fsops.publish_once(layout.manifest, encode(manifest))
+        crashpoints.reached("prepare-staged")
+        if not fsops.rename_dir(self.pdir.stage, self.pdir.job_root):
+            raise JobStateError(
+                f"could not publish {self.pdir.job_root}: it exists; run prepare again to use it, or choose another --job-dir"
+            )
+        return b"{}\n"
+
+    def _participants(self, scans: list[ScanResult], shards: int) -> list[str]:
+        who = {f"{r.host}:{r.pid}" for r in scans}
+        for k in range(shards):
+            written = load(ShardWritten, self.pdir.result(f"write-{k:05d}"))
+            who.add(f"{written.host}:{written.pid}")
+        who.add(f"{socket.gethostname()}:{os.getpid()}")
+        return sorted(who)
+
+
+def _segments(first: int, end: int, unit_first: list[int], results: list[ScanResult]) -> list[list[int]]:
+    """Rows [first, end) as runs within one piece: [unit, piece, row in unit, row in piece, rows]."""
+    out = []
+    unit = bisect.bisect_right(unit_first, first) - 1
+    row = first
+    while row < end:
+        while unit_first[unit + 1] <= row:
+            unit += 1
+        in_unit = row - unit_first[unit]
+        piece_first = 0
+        for piece, (_, count, _) in enumerate(results[unit].pieces):
+            if in_unit < piece_first + count:
+                take = min(end - row, piece_first + count - in_unit)
+                out.append([unit, piece, in_unit, in_unit - piece_first, take])
+                row += take
+                break
+            piece_first += count
+    return out

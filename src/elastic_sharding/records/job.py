@@ -1,0 +1,75 @@
+"""The job's manifest (`manifest.json`): what was asked of `prepare`, the input files and the shards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from elastic_sharding.settings import Settings
+
+
+@dataclass
+class InputFile:
+    path: str
+    relpath: str
+    size: int
+    mtime_ns: int
+    sha256: str
+    rows: int
+    # A plain file larger than `chunk_bytes` is read in parallel chunks: `sha256` is then the
+    # sha256 of its chunks' binary sha256 digests in order (`chunks`, the hex digests).
+    chunk_bytes: int = 0
+    chunks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ShardSpec:
+    shard_id: str
+    index: int
+    path: str
+    first_row: int
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Request:
+    """What was asked of `prepare`; an identical request on an existing job is a no-op."""
+
+    config_path: str
+    config_sha256: str
+    dataset_path: str
+    num_shards: int
+    settings: Settings
+
+
+@dataclass
+class Manifest:
+    format_version: int
+    job_id: str
+    created_at: str
+    created_on: str
+    request: Request
+    recipe_sha256: str
+    recipe_file: str
+    data_juicer_version: str
+    data_juicer_commit: str | None
+    ray_version: str
+    python_version: str
+    dataset_kind: str
+    dataset_root: str
+    inputs: list[InputFile]
+    total_rows: int
+    total_bytes: int
+    normalized_sha256: str
+    index_key: str | None
+    media_keys: list[str]
+    shards: list[ShardSpec]
+    warnings: list[str] = field(default_factory=list)
+    prepared_by: list[str] = field(default_factory=list)  # host:pid of every process that did a prepare unit
+
+    def shard(self, shard_id: str) -> ShardSpec:
+        for spec in self.shards:
+            if spec.shard_id == shard_id:
+                return spec
+        raise KeyError(shard_id)

@@ -1,0 +1,354 @@
+"""One attempt at a shard: stage it (attempt directory, record, heartbeat, verified input, the
+attempt's recipe), run it, collect and validate its output, publish its completion, or record
+why it failed and hand the claim back or fail the shard.
+
+The worker's loop (`worker.py`) decides which claims to run; this is what running one means.
+Ray's raw export is removed as soon as it is collected, before the completion is published (and
+when an attempt fails): a job directory holds each shard's output once, in `processed.jsonl`.
+An attempt killed between collecting and that removal leaves its raw export behind (and one
+killed later, or fenced, its unused `processed.jsonl`); once the shard's completion is published,
+when no other attempt's output can matter any more, the worker that published it removes every
+such leftover of the shard's other attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elastic_sharding import crashpoints, fsops
+from elastic_sharding.claims.heartbeat import HeartbeatThread
+from elastic_sharding.claims.history import count_failures
+from elastic_sharding.claims.protocol import Claim, Claims
+from elastic_sharding.claims.takeover import ShardScanner
+from elastic_sharding.errors import AttemptFailed, AttemptInterrupted, JobStateError
+from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
+from elastic_sharding.records import AttemptRecord, CompletionRecord, Manifest, ShardSpec, encode, load, operator_stats
+from elastic_sharding.settings import Settings
+from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus, Phase
+from elastic_sharding.work.collect import collect, remove_raw_output, remove_unused_output
+from elastic_sharding.work.lookahead import Lookahead
+from elastic_sharding.work.runners import AttemptContext, Runner
+
+log = logging.getLogger(__name__)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file inside the job directory (a symbolic link raises LinkRefused, unread)."""
+    digest = hashlib.sha256()
+    with fsops.open_read(path, buffering=0) as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Staged:
+    """A claimed attempt ready to run: its heartbeat already beats, its input is verified."""
+
+    claim: Claim
+    spec: ShardSpec
+    record: AttemptRecord
+    ctx: AttemptContext
+    heartbeat: HeartbeatThread
+
+
+class AttemptSteps:
+    """The attempt state machine, as a part of `Worker` (which sets every attribute below)."""
+
+    layout: JobLayout
+    manifest: Manifest
+    settings: Settings
+    host: str
+    claims: Claims
+    scanner: ShardScanner
+    runner: Runner
+    overlaps: bool
+    completed: int
+    current: AttemptContext | None
+    last_rate: float | None
+    stopping: str | None
+    _raw_leftovers: set[Path]
+
+    def process(self, claim: Claim) -> None:
+        staged = self._stage(claim)
+        if staged is not None:
+            self._execute(staged)
+
+    def _stage(self, claim: Claim) -> Staged | None:
+        """Everything before the engine runs: attempt dir and record, heartbeat, input check, recipe.
+
+        Returns None when the attempt already failed here (recorded like any failed attempt).
+        """
+        crashpoints.reached("claimed")
+        spec = self.manifest.shard(claim.shard_id)
+        attempt_dir = self.layout.attempt_dir(claim.shard_id, claim.attempt_id)
+        try:
+            fsops.ensure_dir(attempt_dir.parent)
+            created = fsops.make_dir_exclusive(attempt_dir)
+        except OSError:
+            self.claims.release(claim)
+            raise
+        if not created:
+            self.claims.release(claim)
+            raise JobStateError(
+                f"attempt directory {attempt_dir} already exists; run the worker again (it takes a new attempt id)"
+            )
+        files = attempt_files(attempt_dir)
+        record = AttemptRecord(
+            shard_id=claim.shard_id,
+            attempt_id=claim.attempt_id,
+            token=claim.token,
+            host=self.host,
+            pid=os.getpid(),
+            runner=self.runner.name,
+            started_at=time.time(),
+            input_rows=spec.rows,
+        )
+        fsops.replace_atomic(files["record"], encode(record))
+        ctx = AttemptContext(
+            shard_id=claim.shard_id,
+            attempt_id=claim.attempt_id,
+            attempt_dir=attempt_dir,
+            recipe_path=files["recipe"],
+            log_path=files["log"],
+            ray_output=files["ray_output"],
+            env=self._attempt_env(),
+        )
+        heartbeat = HeartbeatThread(
+            self.claims,
+            claim,
+            attempt_dir,
+            self.settings.heartbeat_interval_secs,
+            self.settings.lock_timeout_secs,
+            on_lost=lambda reason: ctx.stop(f"claim lost: {reason}"),
+        )
+        heartbeat.note(attempt_started_at=record.started_at)
+        ctx.set_phase = heartbeat.set_phase
+        ctx.note = heartbeat.note
+        try:
+            heartbeat.beat()
+            heartbeat.start()
+            crashpoints.reached("staged")
+            self._check_input(ctx, spec)
+            return Staged(claim, spec, record, ctx, heartbeat)
+        except AttemptFailed as exc:
+            heartbeat.stop()
+            self._record_failure(claim, record, ctx, str(exc))
+            return None
+        except Exception as exc:
+            heartbeat.stop()
+            self._record_failure(claim, record, ctx, f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _execute(self, staged: Staged) -> None:
+        claim, spec, record, ctx, heartbeat = staged.claim, staged.spec, staged.record, staged.ctx, staged.heartbeat
+        files = attempt_files(ctx.attempt_dir)
+        self.current = ctx
+        if self.stopping:
+            ctx.stop(self.stopping)  # the stop arrived while this attempt was being staged
+        log.info("processing %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
+        lookahead = Lookahead(self, spec)
+        try:
+            if ctx.stop_reason() is not None:
+                self._cancel_begun(ctx)
+                raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            lookahead.start()
+            if self.last_rate:
+                heartbeat.note(expected_secs=spec.bytes / self.last_rate)
+            self.runner.run(ctx)
+            if ctx.stop_reason() is not None:
+                raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            ctx.set_phase(Phase.COLLECTING_OUTPUT, rows_done=spec.rows, bytes_done=spec.bytes)
+            try:
+                stats = collect(ctx.ray_output, files["processed"], spec.first_row, spec.rows)
+            except OSError as exc:
+                raise AttemptFailed(f"collecting output failed: {exc}") from None
+            ctx.set_phase(Phase.PUBLISHING)
+            completion = CompletionRecord(
+                shard_id=claim.shard_id,
+                attempt_id=claim.attempt_id,
+                token=claim.token,
+                host=self.host,
+                pid=os.getpid(),
+                input_rows=spec.rows,
+                input_sha256=spec.sha256,
+                output_rows=stats.rows,
+                output_bytes=stats.bytes,
+                output_sha256=stats.sha256,
+                started_at=record.started_at,
+                finished_at=time.time(),
+            )
+            record = replace(record, output_rows=stats.rows, output_bytes=stats.bytes, output_sha256=stats.sha256)
+            crashpoints.reached("publishing")
+            self._remove_raw(ctx.ray_output)
+            if not self.claims.publish_completion(claim, completion):
+                ctx.stop("claim lost before publishing")
+                raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
+            self._sweep_leftovers(claim.shard_id, published=claim.attempt_id)
+            crashpoints.reached("published")
+            self.claims.finish(claim, ClaimStatus.DONE)
+            self.completed += 1
+            self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
+            record = replace(
+                record,
+                status=AttemptStatus.SUCCEEDED,
+                finished_at=time.time(),
+                exit_code=0,
+                setup_secs=ctx.setup_secs or None,
+                operators=operator_stats(ctx.operators),
+            )
+            fsops.replace_atomic(files["record"], encode(record))
+            log.info(
+                "done %s: %d -> %d rows in %.1fs", claim.shard_id, spec.rows, stats.rows, record.finished_at - record.started_at
+            )
+        except AttemptInterrupted as exc:
+            self._record_failure(claim, record, ctx, f"interrupted: {exc}", handback=True)
+        except AttemptFailed as exc:
+            self._record_failure(claim, record, ctx, str(exc))
+        except Exception as exc:
+            # A problem on this side (disk full, a modified job recipe...) still ends the attempt
+            # cleanly: recorded, claim handed back or failed, before the worker reports it.
+            self._record_failure(claim, record, ctx, f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            heartbeat.stop()
+            self.current = None
+            lookahead.finish()
+
+    def _check_input(self, ctx: AttemptContext, spec: ShardSpec) -> None:
+        ctx.set_phase(Phase.VERIFYING_INPUT)
+        shard_path = self.layout.shard_input(spec.shard_id)
+        try:
+            digest = sha256_file(shard_path)
+        except OSError as exc:
+            raise AttemptFailed(f"cannot read shard input {shard_path}: {exc.strerror or exc}") from None
+        if digest != spec.sha256:
+            raise AttemptFailed(f"shard input {shard_path} is corrupt: sha256 {digest} != manifest {spec.sha256}")
+        self._write_attempt_recipe(ctx, shard_path)
+        ctx.set_phase(Phase.QUEUED)
+
+    def _cancel_begun(self, ctx: AttemptContext) -> None:
+        if self.overlaps:
+            self.runner.cancel(ctx)  # type: ignore[attr-defined]
+
+    def _record_failure(
+        self, claim: Claim, record: AttemptRecord, ctx: AttemptContext, error: str, handback: bool = False
+    ) -> None:
+        files = attempt_files(ctx.attempt_dir)
+        lost = ctx.stop_reason() is not None and ctx.stop_reason().startswith("claim lost")
+        status = AttemptStatus.FENCED if lost else AttemptStatus.FAILED
+        if (self.stopping or handback) and not lost:
+            status = AttemptStatus.INTERRUPTED
+        record = replace(record, status=status, finished_at=time.time(), error=error, setup_secs=ctx.setup_secs or None)
+        try:
+            fsops.replace_atomic(files["record"], encode(record))
+        except OSError as exc:
+            log.error("could not record the outcome of %s: %s", claim.attempt_id, exc)
+        # The log and Data-Juicer's work_dir stay for debugging; the rows it exported do not.
+        # A warm runtime may still be ending a cancelled attempt: removed again at the exit.
+        self._remove_raw(ctx.ray_output, again_at_exit=self.overlaps)
+        if lost:
+            log.error("%s: %s; nothing was published", claim.shard_id, error)
+            return
+        if status == AttemptStatus.INTERRUPTED:
+            self.claims.release(claim)
+            log.warning("%s: handed back (%s)", claim.shard_id, error)
+            return
+        failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
+        log.error(
+            "%s attempt %s failed (%d of %d allowed): %s",
+            claim.shard_id,
+            claim.attempt_id,
+            failures,
+            self.settings.max_retries + 1,
+            error,
+        )
+        log.error("  log: %s", files["log"])
+        if failures > self.settings.max_retries:
+            self.claims.mark_failed_terminal(claim, failures, last_attempt, error)
+            self.scanner.terminal[claim.shard_id] = ClaimStatus.FAILED
+        else:
+            self.claims.release(claim)
+
+    # -- raw exports --------------------------------------------------------------------------
+
+    def _remove_raw(self, ray_output: Path, again_at_exit: bool = False) -> None:
+        """Remove one of this worker's raw exports (it has been collected, or will never be)."""
+        if not remove_raw_output(ray_output) or again_at_exit:
+            self._raw_leftovers.add(ray_output)
+
+    def _sweep_leftovers(self, shard_id: str, published: str | None = None) -> None:
+        """Remove the raw exports the attempts of a completed shard left behind, and the collected
+        output of every attempt but the one its completion record names (`published`; read from
+        the record when not given: unreadable, only raw exports are removed).
+
+        Only once the completion is published: before, an attempt not yet superseded (or one newer
+        than the sweeper's) may still be collecting, and a part removed before it lists them
+        would be silently missing from an output it may still publish."""
+        if published is None:
+            try:
+                published = load(CompletionRecord, self.layout.done(shard_id)).attempt_id
+            except (JobStateError, OSError) as exc:
+                log.warning("%s: %s; only raw outputs are removed from its attempts", shard_id, exc)
+        try:
+            root = self.layout.attempts_dir(shard_id)
+            names = attempt_ids(root)
+        except OSError as exc:
+            log.warning("cannot look for what the attempts of %s left behind: %s", shard_id, exc)
+            return
+        for name in names:
+            files = attempt_files(root / name)
+            if fsops.lexists(files["ray_output"]):
+                log.info("removing the raw output %s, left behind by an attempt", files["ray_output"])
+                self._remove_raw(files["ray_output"])
+            if published is not None and name != published:
+                remove_unused_output(files["processed"])
+
+    def _remove_raw_leftovers(self) -> None:
+        leftovers, self._raw_leftovers = self._raw_leftovers, set()
+        for raw in sorted(leftovers):
+            if not remove_raw_output(raw):
+                log.warning("the raw output %s is left behind; nothing reads it, it can be removed", raw)
+
+    def _attempt_env(self) -> dict[str, str]:
+        env = {"PYTHONUNBUFFERED": "1"}
+        cache = str(self.layout.cache_dir)
+        for key in ("XDG_CACHE_HOME", "HF_HOME"):
+            if not os.environ.get(key):
+                env[key] = cache
+        return env
+
+    def _job_recipe(self) -> dict[str, Any]:
+        try:
+            raw = fsops.read_bytes_nofollow(self.layout.recipe)
+            config: dict[str, Any] = yaml.safe_load(raw)
+        except (OSError, yaml.YAMLError) as exc:
+            raise JobStateError(
+                f"cannot read the job's recipe {self.layout.recipe}: {exc}; restore the recipe that was prepared"
+            ) from None
+        if hashlib.sha256(raw).hexdigest() != self.manifest.recipe_sha256:
+            raise JobStateError(
+                f"{self.layout.recipe} was modified after prepare (sha256 differs from the manifest); "
+                "restore the recipe that was prepared, or prepare a new --job-dir with the changed one"
+            )
+        return config
+
+    def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
+        config = self._job_recipe()
+        config["dataset_path"] = str(shard_path)
+        config["export_path"] = str(ctx.ray_output)
+        config["work_dir"] = str(ctx.attempt_dir)
+        config["executor_type"] = "ray"
+        config["ray_address"] = self.settings.ray_address
+        config.setdefault("skip_op_error", False)
+        config.pop("export_type", None)
+        config["export_shard_size"] = 0
+        fsops.replace_atomic(ctx.recipe_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode())

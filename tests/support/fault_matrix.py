@@ -1,0 +1,1225 @@
+"""Randomized fault-injection trials on the GlusterFS test cluster: `scripts/faults`.
+
+Every trial starts from a freshly prepared job on the shared volume, runs workers (the fast fake
+processor from `support/fakes.py`, in real processes, one per simulated node) and injects one fault:
+
+  kill        SIGKILL a worker at a named crash point (probing, claimed, staged, processing,
+              collecting, publishing, published) or at a random moment; sometimes restart it on
+              its node (which removes the probe directory a worker killed mid-probe left)
+  kill-merge  SIGKILL `merge` while it writes; the previous output must be untouched
+  stall       SIGSTOP a worker mid-shard for two leases, then SIGCONT: it must not publish
+  partition   cut a node off the volume mid-shard, heal it later: it must not publish
+  client-kill kill a node's glusterfs client mid-shard: its worker must fail safe
+  drain       SIGTERM or SIGINT to a worker mid-shard: it hands the shard back at once (nobody
+              waits a lease) and exits with code 2
+  skew        workers with clocks ±1 h off (libfaketime) and one worker killed: no live claim
+              stolen, the dead one taken over
+  coordinator `dlc` instances, one of which dies at a crash point of the prepare or finalize phase
+              (or in its filesystem probe, before it joins);
+              sometimes of a resubmission of a finished job (prepare hashes the input again),
+              sometimes with every instance creating the same new --output directories
+  corrupt     a shard input, an attempt output or a completion record damaged: detected, merge
+              refuses, the previous output untouched
+  enospc      the job dir on a tiny tmpfs: prepare, attempt output or merge runs out of space;
+              clear error, nothing half-published, then the job recovers once space is back
+  actor       real Data-Juicer + Ray warm runners on two nodes, with an actor-mode operator (the
+              bench's stand-in model): one of its warm instances is killed (kill -9) or frozen
+              (SIGSTOP, a hang) mid-shard; only the attempts with rows in it fail, the pool
+              replaces it, and every instance loads its model once
+  prepare-kill  a cooperative prepare by two or three participants (`prepare`, or the helper that
+              joins one) on separate nodes: one of them killed at a crash point of a phase (scan,
+              cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
+              random moment while it holds a unit of a chosen phase; sometimes it prepares alone
+              and the same `prepare` is rerun. The survivors (or the rerun) exit 0 with the job a
+              clean single-process prepare writes, byte for byte; `.<job>.preparing` is gone
+
+After the fault the job is driven to its end the way a user would (surviving workers finish it,
+or the same command is rerun) and the merged output is compared with a clean single-worker run:
+rows lost, rows duplicated and byte-identity are counted. Trials that must end in a clean failure
+(corruption, no space) check the error instead and count as clean failures.
+
+Seeded and reproducible in what it chooses (kinds, victims, crash points, delays); the exact
+moment a random kill lands still depends on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+SRC = TESTS.parent / "src"
+sys.path.insert(0, str(TESTS))  # `support` (this file's package), also when it runs as a script
+sys.path.insert(0, str(SRC))
+
+import orjson  # noqa: E402
+
+from elastic_sharding.finish.merge import merge  # noqa: E402
+from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
+from elastic_sharding.prepare.job import PrepareRequest, prepare  # noqa: E402
+from elastic_sharding.prepare.plan import UNIT_BYTES_ENV  # noqa: E402
+from elastic_sharding.records import Settings  # noqa: E402
+from elastic_sharding.work.worker import Worker, WorkerOptions  # noqa: E402
+from support.cluster import Cluster, Node, cluster_available  # noqa: E402
+from support.e2e_support import processes_with  # noqa: E402
+from support.fake_worker import launch_command, worker_command  # noqa: E402
+from support.fakes import FakeRunner, fake_recipe_keep  # noqa: E402
+from support.jobs import SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
+
+PY = sys.executable
+LEASE, HEARTBEAT, POLL = 3.0, 0.3, 0.2
+ROWS = 90
+BENCH_OPS = TESTS.parent / "bench" / "ops" / "bench_ops"
+# Real Data-Juicer workers start Ray on a loaded box: a longer lease than the fake ones need.
+ACTOR_LEASE, ACTOR_HEARTBEAT, ACTOR_SHARDS = 20.0, 1.0, 6
+ACTOR_RECIPE = """\
+executor_type: ray
+ray_address: local
+dataset_path: {dataset}
+custom_operator_paths: [{ops}]
+process:
+  - bench_model_mapper:
+      load_secs: 0.5
+      ms_per_row: 40
+      load_log: {loads}
+      ray_execution_mode: actor
+      num_proc: 1
+"""
+KINDS = {
+    "kill": 5,
+    "kill-merge": 1,
+    "stall": 2,
+    "partition": 2,
+    "client-kill": 1,
+    "drain": 1,
+    "skew": 2,
+    "coordinator": 2,
+    "corrupt": 2,
+    "enospc": 1,
+    "actor": 1,
+    "prepare-kill": 2,
+}
+CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
+COORDINATOR_POINTS = (
+    "probing",
+    "phase-locked:prepare",
+    "prepare-staged",
+    "phase-done:prepare",
+    "phase-locked:finalize",
+    "merging",
+    "phase-done:finalize",
+)
+# A resubmission of a finished job: prepare hashes the input again, finalize re-verifies the merge.
+RESUBMIT_POINTS = (
+    "phase-locked:prepare",
+    "prepare-rehashing",
+    "phase-done:prepare",
+    "phase-locked:finalize",
+    "phase-done:finalize",
+)
+# The cooperative prepare: a few hundred KB in scan units of a few KB, so every phase has work to
+# share and a short lease keeps a takeover across nodes quick.
+PREPARE_ROWS, PREPARE_SHARDS, PREPARE_UNIT_BYTES = 2000, (4, 5, 6), (4096, 8192, 16384)
+PREPARE_LEASE, PREPARE_HEARTBEAT = 2.0, 0.2
+PREPARE_POINTS = (
+    "prepare-scan",
+    "prepare-scan-done",
+    "prepare-cut",
+    "prepare-cut-done",
+    "prepare-write",
+    "prepare-write-done",
+    "prepare-recipe",
+    "prepare-recipe-done",
+    "prepare-final",
+    "prepare-final-done",
+    "prepare-staged",
+)
+PREPARE_PHASES = ("scan", "cut", "write", "recipe", "final")
+FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
+INSPECT = r"""
+import json, os, sys
+job = sys.argv[1]
+def load(path):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+def names(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+out = {"done": {}, "claims": {}, "attempts": {}}
+for kind, folder in (("done", "done"), ("claims", "locks")):
+    for name in names(f"{job}/state/{folder}"):
+        if name.endswith(".json"):
+            out[kind][name[:-5]] = load(f"{job}/state/{folder}/{name}")
+for shard in names(f"{job}/attempts"):
+    for attempt in names(f"{job}/attempts/{shard}"):
+        base = f"{job}/attempts/{shard}/{attempt}"
+        record = load(f"{base}/attempt.json") or {}
+        beat = load(f"{base}/heartbeat.json") or {}
+        out["attempts"][attempt] = {"shard": shard, "status": record.get("status"), "pid": record.get("pid"),
+            "host": record.get("host"), "superseded": os.path.exists(f"{base}/superseded.json"),
+            "phase": beat.get("phase"), "started_at": record.get("started_at")}
+print(json.dumps(out))
+"""
+
+# Waits on a node until pid argv[3] holds a unit of the prepare of job argv[1] whose name starts
+# with argv[2] and that is not done yet; prints the unit (or "timeout").
+PREPARE_WAIT = r"""
+import json, os, sys, time
+job, prefix, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+root = os.path.join(os.path.dirname(job), "." + os.path.basename(job) + ".preparing")
+units = os.path.join(root, "units")
+deadline = time.monotonic() + float(sys.argv[4])
+while time.monotonic() < deadline:
+    try:
+        names = os.listdir(units)
+    except OSError:
+        names = []
+    for name in sorted(names):
+        if not (name.startswith(prefix) and name.endswith(".lock")):
+            continue
+        unit = name[:-5]
+        if os.path.exists(os.path.join(units, unit + ".json")):
+            continue
+        try:
+            with open(os.path.join(units, name), "rb") as f:
+                claim = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if claim.get("pid") == pid:
+            print(unit)
+            sys.exit(0)
+    time.sleep(0.01)
+print("timeout")
+"""
+# What a prepared job holds, as a node sees it: the `.<job>.preparing*` entries beside it, the
+# manifest, the files in shards/, each shard's sha256 and the ids of its rows in order.
+PREPARE_INSPECT = r"""
+import hashlib, json, os, sys
+job = sys.argv[1]
+parent, name = os.path.dirname(job), os.path.basename(job)
+out = {"leftovers": sorted(n for n in os.listdir(parent) if n.startswith("." + name + ".preparing")), "manifest": None}
+try:
+    with open(os.path.join(job, "manifest.json"), "rb") as f:
+        out["manifest"] = json.loads(f.read())
+except (OSError, ValueError):
+    pass
+try:
+    out["files"] = sorted(os.listdir(os.path.join(job, "shards")))
+except OSError:
+    out["files"] = []
+out["shards"], out["ids"] = {}, []
+for shard in out["files"]:
+    if shard.startswith("part-") and shard.endswith(".jsonl"):
+        with open(os.path.join(job, "shards", shard), "rb") as f:
+            data = f.read()
+        out["shards"][shard] = hashlib.sha256(data).hexdigest()
+        out["ids"] += [json.loads(line)["id"] for line in data.splitlines()]
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class PrepareReference:
+    """The input of the prepare-kill trials, its clean single-process prepares (one per shard
+    count, as PREPARE_INSPECT sees them) and the merge of a clean fake run over one of them."""
+
+    data: Path
+    recipe: Path
+    size: int
+    jobs: dict[int, dict]
+    merged: bytes
+    expected_ids: list[int]
+
+
+@dataclass
+class Template:
+    """A job prepared once on local disk and copied onto the volume for each trial."""
+
+    shards: int
+    job: Path
+    reference: bytes
+
+
+@dataclass
+class Outcome:
+    kind: str
+    detail: str
+    counts: Counter = field(default_factory=Counter)
+    identical: bool | None = None
+    clean_failure: bool | None = None
+    rows_lost: int = 0
+    rows_duplicated: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def check(self, condition: bool, problem: str) -> None:
+        if not condition:
+            self.problems.append(problem)
+
+
+class Harness:
+    def __init__(self, cluster: Cluster, workdir: Path):
+        self.cluster = cluster
+        self.workdir = workdir
+        self.data = write_jsonl(workdir / "input.jsonl", sample_rows(ROWS))
+        self.recipe = workdir / "recipe.yaml"
+        self.recipe.write_text(SIMPLE_RECIPE.format(dataset=self.data))
+        self.templates = {n: self._template(n) for n in (3, 4, 6)}
+        references = {t.reference for t in self.templates.values()}
+        if len(references) != 1:
+            raise AssertionError("clean runs with different shard counts disagree: determinism is broken")
+        self.reference = references.pop()
+        self.expected_ids = [orjson.loads(line)["id"] for line in self.reference.splitlines()]
+        self._actor_template: Template | None = None
+        self._prepare_reference: PrepareReference | None = None
+        self.compare_with: bytes | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _template(self, shards: int) -> Template:
+        job = self.workdir / f"template-{shards}"
+        settings = Settings(
+            lock_timeout_secs=LEASE,
+            max_retries=6,
+            poll_interval_secs=POLL,
+            heartbeat_interval_secs=HEARTBEAT,
+            ray_address="local",
+        )
+        prepare(PrepareRequest(self.recipe, None, job, shards, settings), quiet=True)
+        clean = self.workdir / f"clean-{shards}"
+        shutil.copytree(job, clean, symlinks=True)
+        if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
+            raise AssertionError("the clean reference run failed")
+        out = self.workdir / f"clean-{shards}.jsonl"
+        merge(clean, out)
+        return Template(shards, job, out.read_bytes())
+
+    def node(self, index: int) -> Node:
+        return self.cluster.nodes[index % len(self.cluster.nodes)]
+
+    def fresh_job(self, name: str, shards: int) -> Path:
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(self.templates[shards].job), str(job)], check=True)
+        return job
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PYTHONPATH": f"{SRC}{os.pathsep}{TESTS}", "PYTHONUNBUFFERED": "1", **extra}
+
+    def worker(self, node: Node, job: Path, log: Path, delay: float, env: dict[str, str] | None = None) -> subprocess.Popen:
+        handle = open(log, "ab")  # noqa: SIM115 - the child keeps it
+        try:
+            return node.popen(
+                worker_command(job, "--delay", f"{delay:.2f}", "--keep-fake-recipe"),
+                env=self.env(**(env or {})),
+                stdout=subprocess.DEVNULL,
+                stderr=handle,
+            )
+        finally:
+            handle.close()
+
+    def inspect(self, job: Path) -> dict:
+        proc = self.node(0).run([PY, "-c", INSPECT, str(job)], check=True, timeout=60)
+        return json.loads(proc.stdout)
+
+    def cli(self, node: Node, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+        return node.run([PY, "-m", "elastic_sharding", *args], env=self.env(**(env or {})), timeout=timeout)
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def compare(self, outcome: Outcome, merged: bytes, expected_ids: list[int] | None = None) -> None:
+        got = [orjson.loads(line)["id"] for line in merged.splitlines()]
+        outcome.rows_lost = len(set(expected_ids or self.expected_ids) - set(got))
+        outcome.rows_duplicated = len(got) - len(set(got))
+        outcome.identical = merged == (self.compare_with or self.reference)
+        outcome.check(outcome.identical, "merged output differs from the clean run")
+
+    def finish_and_compare(self, outcome: Outcome, job: Path, log: Path, workers: list[subprocess.Popen]) -> dict:
+        """Wait for the running workers, rerun one if the job is not done, merge, compare."""
+        for proc in workers:
+            wait(proc, 180)
+        status = self.cli(self.node(1), "status", "--job-dir", str(job))
+        if status.returncode != 0:
+            outcome.counts["reruns"] += 1
+            rerun = self.worker(self.node(1), job, log, 0.0)
+            outcome.check(wait(rerun, 180) == 0, "a rerun worker did not complete the job")
+        out = job.parent / "merged.jsonl"
+        proc = self.cli(self.node(2), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
+        outcome.check(proc.returncode == 0, f"merge failed: {last_line(proc.stderr)}")
+        if proc.returncode == 0:
+            self.compare(outcome, self.node(2).read_bytes(out))
+        state = self.inspect(job)
+        for shard, done in state["done"].items():
+            attempt = state["attempts"].get(done["attempt_id"]) if done else None
+            # "running": its owner was killed or cut off between publishing and recording it (status
+            # then reports it as succeeded: the completion record is the truth).
+            outcome.check(
+                attempt is not None and attempt["status"] in ("succeeded", "running"),
+                f"{shard}: the published attempt is recorded as {attempt and attempt['status']}",
+            )
+        return state
+
+    # -- the warm-operator trials (real Data-Juicer + Ray) -----------------------------------------
+
+    def actor_template(self) -> Template:
+        """Prepared once, with its clean reference from one real warm worker on local disk."""
+        if self._actor_template is None:
+            loads = self.workdir / "actor-template-loads.log"
+            recipe = self.workdir / "actor-recipe.yaml"
+            recipe.write_text(ACTOR_RECIPE.format(dataset=self.data, ops=BENCH_OPS, loads=loads))
+            job = self.workdir / "actor-template"
+            settings = Settings(
+                lock_timeout_secs=ACTOR_LEASE,
+                max_retries=6,
+                poll_interval_secs=POLL,
+                heartbeat_interval_secs=ACTOR_HEARTBEAT,
+                ray_address="local",
+                ray_num_cpus=1,
+                ray_object_store_mb=256,
+            )
+            prepare(PrepareRequest(recipe, None, job, ACTOR_SHARDS, settings), quiet=True)
+            clean = self.workdir / "actor-clean"
+            shutil.copytree(job, clean, symlinks=True)
+            argv = [PY, "-m", "elastic_sharding", "worker", "--job-dir", str(clean), "--runner", "warm"]
+            argv += ["--ray-temp-dir", tempfile.mkdtemp(prefix="esfa", dir="/tmp")]
+            with open(self.workdir / "actor-clean.log", "wb") as log:
+                proc = subprocess.run(argv, env={**os.environ, **self.env()}, stdout=subprocess.DEVNULL, stderr=log, timeout=600)
+            if proc.returncode != 0:
+                raise AssertionError(f"the clean warm-operator run failed (see {self.workdir / 'actor-clean.log'})")
+            out = self.workdir / "actor-clean.jsonl"
+            merge(clean, out)
+            self._actor_template = Template(ACTOR_SHARDS, job, out.read_bytes())
+        return self._actor_template
+
+    def trial_actor(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        template = self.actor_template()
+        freeze = rng.random() < 0.3
+        after = rng.uniform(0.0, 2.5)
+        outcome = Outcome("actor", f"{'froze' if freeze else 'killed'} a warm instance {after:.1f}s into processing")
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
+        loads = self.workdir / "actor-template-loads.log"
+        loads_before = len(loads.read_text().split())
+        workers = []
+        for index in range(2):
+            argv = [PY, "-m", "elastic_sharding", "worker", "--job-dir", str(job), "--runner", "warm"]
+            argv += ["--ray-temp-dir", f"/tmp/esfm-{os.getpid()}-{name[-4:]}-{index}"]
+            with open(log_dir / f"worker-{index}.log", "ab") as handle:
+                workers.append(self.node(index).popen(argv, env=self.env(), stdout=subprocess.DEVNULL, stderr=handle))
+        deadline = time.monotonic() + 240
+        victims: list[int] = []
+        while not victims and time.monotonic() < deadline and any(w.poll() is None for w in workers):
+            victims = [pid for pid in _instances_of(job) if _busy(pid)]
+            time.sleep(0.2)
+        if victims:
+            time.sleep(after)
+            victim = rng.choice(victims)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGSTOP if freeze else signal.SIGKILL)
+                outcome.counts["actor_freezes" if freeze else "actor_kills"] += 1
+        outcome.check(bool(victims), "no warm instance was ever seen running")
+        self.compare_with = template.reference
+        try:
+            state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        finally:
+            self.compare_with = None
+        # Every instance loads its model once (one killed during its load never logs it).
+        built = _instances_built(self.node(0), job)
+        logged = len(loads.read_text().split()) - loads_before
+        outcome.check(built - 1 <= logged <= built, f"{logged} model loads logged for {built} instances built")
+        failed = [a for a in state["attempts"].values() if a["status"] == "failed"]
+        outcome.counts["actor_failed_attempts"] += len(failed)
+        return outcome
+
+    # -- trials ---------------------------------------------------------------------------------
+
+    def run_trial(self, index: int, rng: random.Random, kind: str | None = None) -> Outcome:
+        kind = kind or rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+        name = f"trial-{index:04d}"
+        log_dir = self.workdir / name
+        log_dir.mkdir()
+        outcome = getattr(self, "trial_" + kind.replace("-", "_"))(name, log_dir, rng)
+        if not outcome.problems:
+            self.node(0).run(["rm", "-rf", str(self.cluster.mount / name)])
+            shutil.rmtree(log_dir, ignore_errors=True)
+        return outcome
+
+    def _start(
+        self,
+        name: str,
+        log_dir: Path,
+        rng: random.Random,
+        delay: float,
+        envs: dict[int, dict] | None = None,
+        victim: int | None = None,
+    ) -> tuple[Path, list[subprocess.Popen], dict | None]:
+        """A fresh job with a worker on every node. With `victim`, that worker starts first and the
+        others only once it is mid-shard, which is returned (its claim record and shard)."""
+        job = self.fresh_job(name, rng.choice(list(self.templates)))
+        envs = envs or {}
+        workers: list[subprocess.Popen | None] = [None] * len(self.cluster.nodes)
+        held = None
+        if victim is not None:
+            workers[victim] = self.worker(self.node(victim), job, log_dir / f"worker-{victim}.log", delay, envs.get(victim))
+            held = self._held(job, workers[victim].pid)
+        for i, node in enumerate(self.cluster.nodes):
+            if workers[i] is None:
+                workers[i] = self.worker(node, job, log_dir / f"worker-{i}.log", delay, envs.get(i))
+        return job, workers, held
+
+    def trial_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        victim = rng.randrange(len(self.cluster.nodes))
+        delay = rng.uniform(0.3, 1.2)
+        if rng.random() < 0.7:
+            point = rng.choice(CRASH_POINTS)
+            point += "@1" if point == "probing" else f"@{rng.choice((1, 1, 2))}"  # a worker probes once
+            outcome = Outcome("kill", f"worker {victim} at {point}")
+            job, workers, _ = self._start(name, log_dir, rng, delay, {victim: {"ELASTIC_SHARD_CRASH_AT": point}})
+            if wait(workers[victim], 120) == -signal.SIGKILL:
+                outcome.counts["kills"] += 1
+        else:
+            after = rng.uniform(0.2, 4.0)
+            outcome = Outcome("kill", f"worker {victim} after {after:.1f}s")
+            job, workers, _ = self._start(name, log_dir, rng, delay)
+            time.sleep(after)
+            if workers[victim].poll() is None:
+                workers[victim].kill()
+                outcome.counts["kills"] += 1
+            workers[victim].wait()
+        restarted = rng.random() < 0.5
+        if restarted:
+            outcome.counts["restarts"] += 1
+            workers[victim] = self.worker(self.node(victim), job, log_dir / "restarted.log", delay)
+        self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        left = [name for name in self.node(0).run(["ls", "-A", str(job)]).stdout.split() if name.startswith(PROBE_PREFIX)]
+        outcome.counts["probe_leftovers"] += len(left)  # a SIGKILL mid-probe cannot clean up
+        mine = f"{PROBE_PREFIX}{self.node(victim).name}."
+        outcome.check(not (restarted and any(name.startswith(mine) for name in left)), f"the restarted worker kept {left}")
+        return outcome
+
+    def trial_kill_merge(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        outcome = Outcome("kill-merge", "merge killed while writing")
+        job, workers, _ = self._start(name, log_dir, rng, 0.2)
+        for proc in workers:
+            wait(proc, 120)
+        out = job.parent / "merged.jsonl"
+        previous = b'{"previous": "output"}\n'
+        self.node(0).run(["sh", "-c", f"printf '%s\\n' '{previous.decode().strip()}' > {out}"], check=True)
+        nth = rng.choice((1, 2))
+        proc = self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite",
+                        env={"ELASTIC_SHARD_CRASH_AT": f"merging@{nth}"})  # fmt: skip
+        if proc.returncode == -signal.SIGKILL:
+            outcome.counts["kills"] += 1
+        outcome.check(self.node(1).read_bytes(out) == previous, "a killed merge changed the previous output")
+        leftovers = [p for p in self.node(1).run(["ls", "-a", str(out.parent)]).stdout.split() if ".tmp-" in p]
+        outcome.counts["merge_temp_leftovers"] += len(leftovers)  # a SIGKILL cannot clean up; the next merge must not mind
+        self.finish_and_compare(outcome, job, log_dir / "finish.log", [])
+        return outcome
+
+    def _held(self, job: Path, pid: int, timeout: float = 30) -> dict | None:
+        """The running claim `pid` holds once its attempt is processing (None if it never gets there)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.inspect(job)
+            for shard, claim in state["claims"].items():
+                if claim and claim.get("pid") == pid and claim.get("status") == "running":
+                    attempt = state["attempts"].get(claim["attempt_id"], {})
+                    if attempt.get("phase") == "processing":
+                        return {"shard": shard, **claim}
+            time.sleep(0.1)
+        return None
+
+    def _lost_claim_trial(self, kind: str, name: str, log_dir: Path, rng: random.Random, victim: int, fault, recover) -> Outcome:
+        """Start workers on slow shards, hit `victim` mid-shard with `fault`, `recover`, and check
+        that the victim never published the shard it held (unless it did so before the fault)."""
+        outcome = Outcome(kind, f"{self.node(victim).name}")
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(1.5, 3.0), victim=victim)
+        time.sleep(rng.uniform(0, 0.3))
+        fault(workers[victim], outcome)
+        before = self.inspect(job)["done"]
+        recover(workers[victim], outcome)
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        if held is None:
+            outcome.problems.append(f"the {kind} victim never held a shard mid-processing")
+        elif (before.get(held["shard"]) or {}).get("token") != held["token"]:
+            done = state["done"].get(held["shard"]) or {}
+            outcome.check(
+                done.get("token") != held["token"], f"{held['shard']}: the {kind} worker published after losing its claim"
+            )
+        return outcome
+
+    def trial_stall(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
+            proc.send_signal(signal.SIGSTOP)
+            outcome.counts["stalls"] += 1
+
+        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+            time.sleep(2 * LEASE + 1)
+            proc.send_signal(signal.SIGCONT)
+
+        return self._lost_claim_trial("stall", name, log_dir, rng, rng.randrange(len(self.cluster.nodes)), fault, recover)
+
+    def trial_partition(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        node = self.node(rng.randrange(1, len(self.cluster.nodes)))
+
+        def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
+            node.partition()
+            outcome.counts["partitions"] += 1
+
+        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+            try:
+                time.sleep(rng.uniform(2 * LEASE, 4 * LEASE))
+            finally:
+                node.heal()
+
+        return self._lost_claim_trial("partition", name, log_dir, rng, self.cluster.nodes.index(node), fault, recover)
+
+    def trial_client_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        node = self.node(rng.randrange(1, len(self.cluster.nodes)))
+
+        def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
+            node.kill_client()
+            outcome.counts["client_kills"] += 1
+
+        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+            try:
+                code = wait(proc, 60)
+                outcome.check(code not in (0, None), f"the cut-off worker exited {code} instead of failing")
+            finally:
+                node.remount()
+
+        return self._lost_claim_trial("client-kill", name, log_dir, rng, self.cluster.nodes.index(node), fault, recover)
+
+    def trial_drain(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        victim = rng.randrange(len(self.cluster.nodes))
+        sig = rng.choice((signal.SIGTERM, signal.SIGINT))
+        outcome = Outcome("drain", f"{sig.name} to worker {victim} mid-shard")
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(2.0, 4.0), victim=victim)
+        sent = time.monotonic()
+        workers[victim].send_signal(sig)
+        code = wait(workers[victim], 60)
+        outcome.counts["drains"] += 1
+        outcome.check(code == 2, f"a drained worker exited {code}, not 2")
+        outcome.check(time.monotonic() - sent < LEASE, "draining took longer than a lease")
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        if held is not None:
+            attempt = state["attempts"].get(held["attempt_id"], {})
+            outcome.check(attempt.get("status") == "interrupted", f"the drained attempt is {attempt.get('status')}")
+            outcome.check(not attempt.get("superseded"), "the drained shard was taken over after a lease instead of handed back")
+        return outcome
+
+    def trial_skew(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        count = len(self.cluster.nodes)
+        skews = [rng.choice((-3600, 0, 3600)) for _ in range(count)]
+        skews[rng.randrange(count)] = rng.choice((-3600, 3600))
+        envs = {i: faketime_env(s) for i, s in enumerate(skews) if s}
+        victim = rng.randrange(count)
+        outcome = Outcome("skew", f"clocks {skews}, worker {victim} killed mid-shard")
+        outcome.counts["skewed_workers"] += len(envs)
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(2.0, 3.0), envs, victim=victim)
+        time.sleep(rng.uniform(0, LEASE))  # the others run beside the victim's live claim first
+        workers[victim].kill()
+        workers[victim].wait()
+        outcome.counts["kills"] += 1
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        victim_pid = workers[victim].pid
+        stolen = [a for a, v in state["attempts"].items() if v["superseded"] and v["pid"] != victim_pid]
+        now = time.time()
+        for i, skew in enumerate(skews):
+            starts = [v["started_at"] for v in state["attempts"].values() if v["pid"] == workers[i].pid and v["started_at"]]
+            outcome.check(
+                not starts or all(abs(start - now - skew) < 900 for start in starts), f"worker {i}'s clock is not {skew:+d}s off"
+            )
+        outcome.check(not stolen, f"live claims taken over: {stolen}")
+        if held is None:
+            outcome.problems.append("the skew victim never held a shard mid-processing")
+        elif (state["attempts"].get(held["attempt_id"]) or {}).get("status") == "running":
+            outcome.check(state["attempts"][held["attempt_id"]]["superseded"], "the dead claim was not taken over")
+        return outcome
+
+    def trial_coordinator(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A dlc instance killed at a point of prepare/finalize. Sometimes the submission is a
+        resubmission of a finished job (its prepare coordinator hashes the input again), and
+        sometimes every instance creates the same new --output directories at once."""
+        resubmit = rng.random() < 0.3
+        point = rng.choice(RESUBMIT_POINTS if resubmit else COORDINATOR_POINTS)
+        base = self.cluster.mount / name
+        output = base / "out" / "new" / "merged.jsonl" if rng.random() < 0.5 else None
+        outcome = Outcome(
+            "coordinator",
+            f"dlc instance 0 at {point}" + (" of a resubmission" if resubmit else "") + (", new --output dir" if output else ""),
+        )
+        self.node(0).run(["mkdir", "-p", str(base)], check=True)
+        data = base / "input.jsonl"
+        self.node(0).run(["cp", str(self.data), str(data)], check=True)
+        job = base / "job"
+        args = [
+            "--config", str(self.recipe), "--dataset-path", str(data), "--job-dir", str(job),
+            "--num-shards", str(rng.choice(list(self.templates))), "--coordinator-lease-secs", "4",
+            "--lock-timeout-secs", str(LEASE), "--heartbeat-interval-secs", str(HEARTBEAT), "--poll-interval-secs", "0.3",
+            "--max-retries", "6", "--quiet", *(["--output", str(output)] if output else []),
+        ]  # fmt: skip
+        if resubmit:
+            first = self._dlc(args + ["--run-id", f"{name}-first"], log_dir, "first", crash_at=None)
+            outcome.check(first == [0] * len(first), f"the first submission exited {first}")
+        codes = self._dlc(args + ["--run-id", name], log_dir, "dlc", crash_at=point)
+        if codes[0] == -signal.SIGKILL:
+            outcome.counts["coordinator_kills"] += 1
+        outcome.check(all(code == 0 for code in codes[1:]), f"surviving dlc instances exited {codes[1:]}")
+        if all(code == 0 for code in codes[1:]):
+            self.compare(outcome, self.node(1).read_bytes(output or job / "merged.jsonl"))
+        return outcome
+
+    def _dlc(self, args: list[str], log_dir: Path, tag: str, crash_at: str | None) -> list[int]:
+        """One dlc instance per node (the fake runner), instance 0 first; their exit codes."""
+        instances = []
+        for i, node in enumerate(self.cluster.nodes):
+            crash = {"ELASTIC_SHARD_CRASH_AT": crash_at} if i == 0 and crash_at else {}
+            env = self.env(FAKE_DELAY="0.3", FAKE_KEEP_MOD7="1", **crash)
+            with open(log_dir / f"{tag}-{i}.log", "ab") as handle:
+                instances.append(node.popen(launch_command("dlc", *args), env=env, stdout=handle, stderr=handle))
+            if i == 0:
+                time.sleep(1.5)
+        return [wait(proc, 240) for proc in instances]
+
+    def trial_corrupt(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        target = rng.choice(("shard input", "attempt output", "completion record"))
+        outcome = Outcome("corrupt", target, clean_failure=False)
+        outcome.counts["corruptions"] += 1
+        shards = rng.choice(list(self.templates))
+        job = self.fresh_job(name, shards)
+        shard = f"part-{rng.randrange(shards):05d}-of-{shards:05d}"
+        out = job.parent / "merged.jsonl"
+        if target == "shard input":
+            damage(self.node(0), job / "shards" / f"{shard}.jsonl", rng)
+            worker = self.worker(self.node(0), job, log_dir / "worker.log", 0.0)
+            outcome.check(wait(worker, 120) == 2, "a worker over a corrupt shard input did not end with exit 2")
+            proc = self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out))
+            failed = orjson.loads(self.cli(self.node(1), "status", "--job-dir", str(job), "--json").stdout)
+            errors = [s["last_error"] or "" for s in failed["shards"] if s["state"] == "failed"]
+            outcome.clean_failure = proc.returncode == 2 and any("is corrupt" in e for e in errors)
+        else:
+            worker = self.worker(self.node(0), job, log_dir / "worker.log", 0.0)
+            outcome.check(wait(worker, 120) == 0, "the clean run before the corruption failed")
+            outcome.check(self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out)).returncode == 0, "merge")
+            before = self.node(1).read_bytes(out)
+            done = orjson.loads(self.node(0).read_bytes(job / "state" / "done" / f"{shard}.json"))
+            path = (
+                job / "attempts" / shard / done["attempt_id"] / "processed.jsonl"
+                if target == "attempt output"
+                else job / "state" / "done" / f"{shard}.json"
+            )
+            # Damaged and checked from one node: another may serve the old content from its cache
+            # for a moment, which is the NAS being a NAS, not the damage going unnoticed.
+            damage(self.node(1), path, rng, record=target == "completion record")
+            proc = self.cli(self.node(1), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
+            verify = self.cli(self.node(1), "verify", "--job-dir", str(job))
+            outcome.clean_failure = (
+                proc.returncode == 2
+                and shard in last_line(proc.stderr)
+                and verify.returncode == 2
+                and self.node(1).read_bytes(out) == before
+            )
+            outcome.check(self.node(1).read_bytes(out) == before, "a refused merge changed the previous output")
+        outcome.check(outcome.clean_failure, f"corrupt {target} not refused cleanly: {last_line(proc.stderr)}")
+        return outcome
+
+    def trial_enospc(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """On a tiny tmpfs (local: the point is ENOSPC, not the network)."""
+        stage = rng.choice(("prepare", "attempt output", "merge"))
+        outcome = Outcome("enospc", stage, clean_failure=False)
+        outcome.counts["enospc"] += 1
+        mount = self.workdir / name / "tmpfs"
+        mount.mkdir(parents=True)
+        template = self.templates[rng.choice(list(self.templates))]
+        # prepare: a job is at least five files of one 4 KiB page each; otherwise room for the
+        # job, then (below) shrunk to what the copied job uses plus a margin.
+        size = rng.randint(4, 12) if stage == "prepare" else 4096
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}k", "tmpfs", str(mount)], check=True)
+        try:
+            job = mount / "job"
+            env = self.env()
+            if stage == "prepare":
+                proc = subprocess.run(
+                    [PY, "-m", "elastic_sharding", "prepare", "--config", str(self.recipe), "--job-dir", str(job),
+                     "--num-shards", str(template.shards)],
+                    capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+                )  # fmt: skip
+                leftovers = os.listdir(mount)
+                outcome.clean_failure = proc.returncode == 2 and "No space left" in last_line(proc.stderr) and not leftovers
+                outcome.check(
+                    outcome.clean_failure, f"prepare on a full disk: rc={proc.returncode} {last_line(proc.stderr)} {leftovers}"
+                )
+                return outcome
+            shutil.copytree(template.job, job, symlinks=True)
+            if stage == "attempt output":
+                size = shutil.disk_usage(mount).used // 1024 + rng.randint(4, 24)
+                subprocess.run(["mount", "-o", f"remount,size={size}k", str(mount)], check=True)
+            worker = subprocess.run(
+                worker_command(job, "--keep-fake-recipe"),
+                capture_output=True, text=True, env={**os.environ, **env}, timeout=180,
+            )  # fmt: skip
+            out = mount / "merged.jsonl"
+            if stage == "attempt output":
+                outcome.check(worker.returncode == 2, f"a worker out of space exited {worker.returncode}")
+                outcome.check("No space left" in worker.stderr, "the worker did not say the disk is full")
+                subprocess.run(["mount", "-o", "remount,size=4096k", str(mount)], check=True)
+                retry = subprocess.run([PY, "-m", "elastic_sharding", "retry", "--job-dir", str(job), "--all-failed"],
+                                       capture_output=True, text=True, env={**os.environ, **env})  # fmt: skip
+                again = subprocess.run(worker_command(job, "--keep-fake-recipe"),
+                                       capture_output=True, text=True, env={**os.environ, **env}, timeout=180)  # fmt: skip
+                if retry.returncode != 0 or again.returncode != 0:
+                    outcome.problems.append(
+                        f"no recovery once space was back: retry {retry.returncode} {last_line(retry.stderr)}; "
+                        f"worker {again.returncode} {last_line(again.stderr)}"
+                    )
+                    return outcome
+                merge(job, out, overwrite=True)
+                self.compare(outcome, out.read_bytes())
+                outcome.clean_failure = not outcome.problems
+                return outcome
+            outcome.check(worker.returncode == 0, "the run before the merge failed")
+            previous = b'{"previous": "output"}\n' * (len(self.reference) // 24 + 1)
+            out.write_bytes(previous)
+            filler = mount / "filler"
+            free = shutil.disk_usage(mount).free
+            filler.write_bytes(b"\0" * max(0, free - len(self.reference) // 2))
+            proc = subprocess.run([PY, "-m", "elastic_sharding", "merge", "--job-dir", str(job), "--output", str(out), "--overwrite"],
+                                  capture_output=True, text=True, env={**os.environ, **env})  # fmt: skip
+            temps = [p for p in os.listdir(mount) if ".tmp-" in p]
+            outcome.clean_failure = (
+                proc.returncode == 2 and "No space left" in last_line(proc.stderr) and out.read_bytes() == previous and not temps
+            )
+            outcome.check(outcome.clean_failure, f"merge on a full disk: rc={proc.returncode} {last_line(proc.stderr)} {temps}")
+            filler.unlink()
+            merge(job, out, overwrite=True)
+            self.compare(outcome, out.read_bytes())
+            return outcome
+        finally:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+    # -- the cooperative prepare trials --------------------------------------------------------
+
+    def prepare_reference(self) -> PrepareReference:
+        """Built once: the input, a clean single-process prepare per shard count (on local disk,
+        in one scan unit) and the merge of a clean fake run over the first."""
+        if self._prepare_reference is None:
+            data = write_jsonl(self.workdir / "prepare-input.jsonl", prepare_rows(PREPARE_ROWS))
+            recipe = self.workdir / "prepare-recipe.yaml"
+            recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
+            settings = Settings(
+                lock_timeout_secs=PREPARE_LEASE,
+                max_retries=6,
+                poll_interval_secs=POLL,
+                heartbeat_interval_secs=PREPARE_HEARTBEAT,
+                ray_address="local",
+            )
+            saved = os.environ.pop(UNIT_BYTES_ENV, None)
+            jobs = {}
+            try:
+                for shards in PREPARE_SHARDS:
+                    job = self.workdir / f"prepare-reference-{shards}"
+                    prepare(PrepareRequest(recipe, None, job, shards, settings, procs=1), quiet=True)
+                    proc = subprocess.run([PY, "-c", PREPARE_INSPECT, str(job)], capture_output=True, check=True, timeout=60)
+                    jobs[shards] = json.loads(proc.stdout)
+            finally:
+                if saved is not None:
+                    os.environ[UNIT_BYTES_ENV] = saved
+            clean = self.workdir / "prepare-clean"
+            shutil.copytree(self.workdir / f"prepare-reference-{PREPARE_SHARDS[0]}", clean, symlinks=True)
+            if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
+                raise AssertionError("the clean run over the prepare-kill reference failed")
+            out = self.workdir / "prepare-clean.jsonl"
+            merge(clean, out)
+            merged = out.read_bytes()
+            self._prepare_reference = PrepareReference(
+                data, recipe, data.stat().st_size, jobs, merged, [orjson.loads(line)["id"] for line in merged.splitlines()]
+            )
+        return self._prepare_reference
+
+    def _participant(
+        self, node: Node, job: Path, shards: int, log: Path, helper: bool, procs: int, env: dict
+    ) -> subprocess.Popen:
+        """`prepare` of the trial's request, or the helper that joins the prepare under way."""
+        ref = self.prepare_reference()
+        if helper:
+            argv = [PY, "-m", "elastic_sharding.prepare.cooperate", str(job)]
+        else:
+            argv = [
+                PY, "-m", "elastic_sharding", "prepare", "--config", str(ref.recipe), "--job-dir", str(job),
+                "--num-shards", str(shards), "--prepare-procs", str(procs), "--lock-timeout-secs", str(PREPARE_LEASE),
+                "--heartbeat-interval-secs", str(PREPARE_HEARTBEAT), "--poll-interval-secs", str(POLL),
+                "--max-retries", "6", "--quiet",
+            ]  # fmt: skip
+        with open(log, "ab") as handle:
+            proc = node.popen(argv, env=self.env(**env), stdout=subprocess.DEVNULL, stderr=handle)
+        # Reaped at once: a dead participant left a zombie would look alive to the others on its
+        # node (they take over a dead pid's unit at once, a live one's only after a lease).
+        threading.Thread(target=proc.wait, daemon=True).start()
+        return proc
+
+    def _await_prepare(self, node: Node, job: Path, prefix: str, proc: subprocess.Popen, timeout: float = 90) -> str:
+        """Until `proc` holds a unit of the prepare of `job` starting with `prefix` (returned);
+        "exited" if `proc` ends first, "timeout" after `timeout`."""
+        waiter = node.popen(
+            [PY, "-c", PREPARE_WAIT, str(job), prefix, str(proc.pid), str(timeout)], stdout=subprocess.PIPE, text=True
+        )
+        while waiter.poll() is None:
+            if proc.returncode is not None:
+                waiter.kill()
+                waiter.wait()
+                return "exited"
+            time.sleep(0.005)
+        return waiter.stdout.read().strip() or "timeout"
+
+    def trial_prepare_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A cooperative prepare on separate nodes, one participant killed (or frozen) in a phase."""
+        ref = self.prepare_reference()
+        shards = rng.choice(PREPARE_SHARDS)
+        unit_bytes = rng.choice(PREPARE_UNIT_BYTES)
+        units = -(-ref.size // unit_bytes)
+        fault = rng.choices(("point", "kill", "stop"), weights=(6, 3, 1))[0]
+        alone = fault != "stop" and rng.random() < 0.25  # the victim prepares alone; a rerun finishes
+        count = 1 if alone else rng.choice((2, 3))
+        point = ""
+        if fault == "point":
+            point = rng.choice(PREPARE_POINTS)
+            phase = point.split("-")[1]
+            share = {"scan": units, "write": shards}.get(phase, count) // count
+            point += f"@{rng.randint(1, max(1, min(3, share)))}"
+        else:
+            phase = rng.choice(PREPARE_PHASES)
+        # Everyone starts at once, except where the phase has one unit: then the others start
+        # once the victim holds it (or is dead), so that it is the victim's unit that is taken over.
+        hold = phase in ("cut", "recipe", "final") and not alone
+        victim = 0 if hold or alone else rng.randrange(count)
+        helpers = [False] + [rng.random() < 0.4 for _ in range(count - 1)]  # participant 0 makes the plan
+        procs = [1] + [rng.choice((1, 1, 2)) for _ in range(count - 1)]
+        procs[victim] = 1  # its own helpers would share its crash point
+        order = list(range(len(self.cluster.nodes)))
+        rng.shuffle(order)
+        placement = [order[i % len(order)] for i in range(count + 1)]  # the last: where a rerun runs
+        same_host = rng.random() < 0.3  # a survivor (or the rerun) on the victim's node: no lease wait
+        if same_host:
+            placement[(victim + 1) % count if count > 1 else count] = placement[victim]
+        what = {"point": f"at {point}", "kill": f"SIGKILL in {phase}", "stop": f"SIGSTOP in {phase}"}[fault]
+        roles = "".join("h" if h else "p" for h in helpers)
+        outcome = Outcome(
+            "prepare-kill", f"{roles}[{victim}] {what}" + (", rerun" if alone else "") + (", same host" if same_host else "")
+        )
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        env = {UNIT_BYTES_ENV: str(unit_bytes)}
+        logs = [log_dir / f"participant-{i}.log" for i in range(count + 1)]
+        started: list[subprocess.Popen] = []
+
+        def start(i: int) -> subprocess.Popen:
+            extra = {**env, "ELASTIC_SHARD_CRASH_AT": point} if fault == "point" and i == victim else env
+            return self._participant(self.node(placement[i]), job, shards, logs[i], helpers[i], procs[i], extra)
+
+        started = [start(i) for i in range(1 if hold else count)]
+        target = started[victim]
+        stopped = False
+        if fault != "point" or hold:
+            seen = self._await_prepare(self.node(placement[victim]), job, phase, target)
+            if fault != "point" and seen not in ("exited", "timeout"):
+                time.sleep(rng.uniform(0, 0.05))
+                with contextlib.suppress(ProcessLookupError):
+                    target.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+                    stopped = fault == "stop"
+        # A helper that comes after the job is published exits 0 (seed 27, trial 135: the victim had
+        # published it before dying at prepare-final-done); one that finds no prepare at all exits 1.
+        finished = target.returncode == 0
+        started += [start(i) for i in range(len(started), count)]
+        if stopped:
+            time.sleep(2 * PREPARE_LEASE + 1)
+            with contextlib.suppress(ProcessLookupError):
+                target.send_signal(signal.SIGCONT)
+            outcome.counts["prepare_stalls"] += 1
+        codes = [wait(proc, 90) for proc in started]
+        killed = codes[victim] == -signal.SIGKILL
+        if killed:
+            outcome.counts["prepare_kills"] += 1
+        elif not stopped:
+            outcome.counts["prepare_misses"] += 1  # it never held a unit of the phase: the others did them all
+        survivors = [
+            0 if finished and helpers[i] and code == 1 else code for i, code in enumerate(codes) if i != victim or not killed
+        ]
+        outcome.check(
+            all(code == 0 for code in survivors),
+            f"participants exited {codes} (None: still running after 90 s): "
+            + " | ".join(f"{i}: {last_line(logs[i].read_text(errors='replace'))}" for i, c in enumerate(codes) if c not in (0, -9)),
+        )  # fmt: skip
+        if alone or not any(code == 0 for code in survivors):
+            outcome.counts["prepare_reruns"] += 1
+            rerun = self._participant(self.node(placement[count]), job, shards, logs[count], False, 1, env)
+            code = wait(rerun, 90)
+            outcome.check(code == 0, f"the rerun prepare exited {code}: {last_line(logs[count].read_text(errors='replace'))}")
+        outcome.counts["prepare_takeovers"] += sum(
+            log.read_text(errors="replace").count("prepare: took over") for log in logs if log.exists()
+        )
+        self._check_prepared(outcome, job, shards, log_dir, rng)
+        return outcome
+
+    def _check_prepared(self, outcome: Outcome, job: Path, shards: int, log_dir: Path, rng: random.Random) -> None:
+        """The job is the clean one byte for byte and nothing of the prepare is left beside it;
+        then a fake run over it merges to the clean merge (and a repeated prepare is a no-op)."""
+        ref = self.prepare_reference()
+        expected = ref.jobs[shards]
+        deadline = time.monotonic() + 5  # another node's removal may show here a moment late
+        while True:
+            got = json.loads(self.node(0).run([PY, "-c", PREPARE_INSPECT, str(job)], check=True, timeout=60).stdout)
+            if (got["manifest"] is not None and not got["leftovers"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        outcome.check(not got["leftovers"], f"left beside the job: {got['leftovers']}")
+        ids = got["ids"]
+        outcome.rows_lost = len(set(range(PREPARE_ROWS)) - set(ids))
+        outcome.rows_duplicated = len(ids) - len(set(ids))
+        manifest = got["manifest"]
+        if manifest is None:
+            outcome.problems.append("no prepared job")
+            return
+        for key in ("shards", "normalized_sha256", "total_rows", "total_bytes"):
+            outcome.check(manifest.get(key) == expected["manifest"][key], f"the manifest's {key} differs from a clean prepare")
+        outcome.check(got["shards"] == expected["shards"], "shard files differ from a clean prepare")
+        extra = sorted(set(got["files"]) - set(expected["files"]))
+        outcome.check(not extra, f"extra files in shards/: {extra}")
+        if rng.random() < 0.3:  # a repeated prepare of the same request finds the job and does nothing
+            outcome.counts["prepare_repeats"] += 1
+            proc = self.cli(
+                self.node(rng.randrange(len(self.cluster.nodes))),
+                "prepare", "--config", str(ref.recipe), "--job-dir", str(job), "--num-shards", str(shards),
+                "--lock-timeout-secs", str(PREPARE_LEASE), "--heartbeat-interval-secs", str(PREPARE_HEARTBEAT),
+                "--poll-interval-secs", str(POLL), "--max-retries", "6", "--json",
+            )  # fmt: skip
+            created = proc.returncode == 0 and orjson.loads(proc.stdout)["created"]
+            outcome.check(proc.returncode == 0 and not created, f"a repeated prepare: rc={proc.returncode} created={created}")
+        lost, duplicated = outcome.rows_lost, outcome.rows_duplicated
+        worker = self.worker(self.node(1), job, log_dir / "worker.log", 0.0)
+        outcome.check(wait(worker, 120) == 0, "the fake run over the prepared job failed")
+        out = job.parent / "merged.jsonl"
+        proc = self.cli(self.node(2), "merge", "--job-dir", str(job), "--output", str(out))
+        outcome.check(proc.returncode == 0, f"merge failed: {last_line(proc.stderr)}")
+        if proc.returncode == 0:
+            self.compare_with = ref.merged
+            try:
+                self.compare(outcome, self.node(2).read_bytes(out), ref.expected_ids)
+            finally:
+                self.compare_with = None
+        outcome.rows_lost = max(lost, outcome.rows_lost)
+        outcome.rows_duplicated = max(duplicated, outcome.rows_duplicated)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _instances_of(job: Path) -> list[int]:
+    """Processes of warm operator instances started for `job` (Ray names them after the actor class)."""
+    found = []
+    for pid in processes_with(str(job)):
+        with contextlib.suppress(OSError):
+            if b"OperatorInstance" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def _busy(pid: int) -> bool:
+    """An instance inside a call: Ray retitles the worker process after the method it runs."""
+    try:
+        return b".call" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _instances_built(node: Node, job: Path) -> int:
+    probe = (
+        "import json, glob, sys\n"
+        "seen = {}\n"
+        "for p in glob.glob(sys.argv[1] + '/attempts/*/*/attempt.json'):\n"
+        "    for o in json.load(open(p)).get('operators') or []:\n"
+        "        k = (o['runtime_pid'], o['op'])\n"
+        "        seen[k] = max(seen.get(k, 0), o['started'])\n"
+        "print(sum(seen.values()))\n"
+    )
+    return int(node.run([PY, "-c", probe, str(job)], check=True, timeout=60).stdout.strip() or 0)
+
+
+def prepare_rows(n: int) -> list[dict]:
+    """Rows of varied shape (nested, numbers of both kinds, a field only late rows have), so the
+    scan units' schemas must be merged at the cut."""
+    rng = random.Random(7)
+    rows = []
+    for i in range(n):
+        row: dict = {"id": i, "text": f"row {i} " + "word " * rng.randint(1, 40)}
+        if i % 3 == 0:
+            row["meta"] = {"score": rng.random() if i % 2 else rng.randint(0, 9), "tags": ["a"] * rng.randint(0, 3)}
+        if i > n // 2 and i % 11 == 0:
+            row["late"] = {"x": i}
+        rows.append(row)
+    return rows
+
+
+def wait(proc: subprocess.Popen, timeout: float) -> int | None:
+    """The exit code, after a SIGCONT in case the process was left stopped; kills it on timeout."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def damage(node: Node, path: Path, rng: random.Random, record: bool = False) -> None:
+    """Truncate a file or change it, from a node (so the volume sees the change). A record is
+    changed where it matters (a count or a digest): a record whose host name is misspelt is not
+    corrupt in any way a checker could or should notice."""
+    how = rng.choice(("truncate", "change"))
+    if how == "truncate":
+        change = "d = d[: len(d) // 2]"
+    elif record:
+        change = rng.choice((
+            "import json; r = json.loads(d); r['output_rows'] += 1; d = json.dumps(r).encode()",
+            "import json; r = json.loads(d); r['output_sha256'] = r['output_sha256'][::-1]; d = json.dumps(r).encode()",
+        ))  # fmt: skip
+    else:
+        change = "i = len(d) // 3; d = d[:i] + bytes([d[i] ^ 0x20]) + d[i + 1:]"
+    script = f"import sys; p = sys.argv[1]; d = open(p, 'rb').read(); {change}; open(p, 'wb').write(d)"
+    node.run([PY, "-c", script, str(path)], check=True)
+
+
+def faketime_env(offset: int) -> dict[str, str]:
+    """A worker whose wall clock is `offset` seconds off (libfaketime); its monotonic clock stays
+    real (see faketime_shim/sitecustomize.py for why, and for the one thing the shim changes)."""
+    return {
+        "LD_PRELOAD": str(FAKETIME),
+        "FAKETIME": f"{offset:+d}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKE_UTIME": "1",
+        "PYTHONPATH": f"{TESTS / 'faketime_shim'}{os.pathsep}{SRC}{os.pathsep}{TESTS}",
+    }
+
+
+@dataclass
+class Summary:
+    trials: int = 0
+    counts: Counter = field(default_factory=Counter)
+    kinds: Counter = field(default_factory=Counter)
+    rows_lost: int = 0
+    rows_duplicated: int = 0
+    identical: int = 0
+    merges: int = 0
+    clean_failures: int = 0
+    expected_failures: int = 0
+    failed: list[str] = field(default_factory=list)
+
+    def add(self, index: int, outcome: Outcome) -> None:
+        self.trials += 1
+        self.kinds[outcome.kind] += 1
+        self.counts.update(outcome.counts)
+        self.rows_lost += outcome.rows_lost
+        self.rows_duplicated += outcome.rows_duplicated
+        if outcome.identical is not None:
+            self.merges += 1
+            self.identical += outcome.identical
+        if outcome.clean_failure is not None:
+            self.expected_failures += 1
+            self.clean_failures += outcome.clean_failure
+        if outcome.problems:
+            self.failed.append(f"trial {index} ({outcome.kind}: {outcome.detail}): {'; '.join(outcome.problems)}")
+
+    def line(self, mode: str, seed: int, secs: float) -> str:
+        c = self.counts
+        return (
+            f"faults: mode={mode} seed={seed} trials={self.trials} kills={c['kills']} stalls={c['stalls']} "
+            f"partitions={c['partitions']} client_kills={c['client_kills']} skewed_workers={c['skewed_workers']} "
+            f"drains={c['drains']} coordinator_kills={c['coordinator_kills']} corruptions={c['corruptions']} enospc={c['enospc']} "
+            f"actor_kills={c['actor_kills']} actor_freezes={c['actor_freezes']} "
+            f"prepare_kills={c['prepare_kills']} prepare_stalls={c['prepare_stalls']} "
+            f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
+            f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
+            f"failed_trials={len(self.failed)} secs={secs:.0f}"
+        )
+
+
+def run(trials: int, seed: int, cluster: Cluster, kinds: list[str] | None = None, keep: bool = False) -> Summary:
+    """Run `trials` trials on a started cluster (kinds drawn by weight, or `kinds` in turn) and
+    print the summary line on stdout."""
+    logging.getLogger("elastic_sharding").setLevel(logging.WARNING)  # the in-process reference runs
+    workdir = Path(tempfile.mkdtemp(prefix=f"es-faults-{seed}-"))
+    summary = Summary()
+    started = time.monotonic()
+    harness = Harness(cluster, workdir)
+    for index in range(trials):
+        rng = random.Random(f"{seed}:{index}")
+        trial_started = time.monotonic()
+        try:
+            outcome = harness.run_trial(index, rng, kinds[index % len(kinds)] if kinds else None)
+        except Exception as exc:  # noqa: BLE001 - one broken trial is reported, the others still run
+            outcome = Outcome("error", f"{type(exc).__name__}: {exc}", problems=[traceback.format_exc(limit=3)])
+        summary.add(index, outcome)
+        state = "ok" if not outcome.problems else "FAILED: " + "; ".join(outcome.problems)
+        print(
+            f"trial {index:4d} {outcome.kind:<11} {outcome.detail:<48} {time.monotonic() - trial_started:5.1f}s {state}",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(summary.line(cluster.mode, seed, time.monotonic() - started), flush=True)
+    for failure in summary.failed:
+        print(f"  {failure}", file=sys.stderr)
+    if summary.failed or keep:
+        print(f"trial logs kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mode", choices=("strict", "cached"), default="cached")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--kinds", help=f"comma-separated kinds to run in turn instead of drawing them ({','.join(KINDS)})")
+    parser.add_argument("--keep", action="store_true", help="keep the trial logs even when every trial passes")
+    args = parser.parse_args()
+    kinds = args.kinds.split(",") if args.kinds else None
+    if kinds and set(kinds) - set(KINDS):
+        parser.error(f"unknown kinds: {', '.join(sorted(set(kinds) - set(KINDS)))}")
+    reason = cluster_available()
+    if reason is not None:
+        parser.error(f"cannot build the GlusterFS test cluster here: {reason}")
+    with Cluster(nodes=args.nodes, mode=args.mode) as cluster:
+        summary = run(args.trials, args.seed, cluster, kinds, args.keep)
+    return 0 if not summary.failed and summary.rows_lost == 0 and summary.rows_duplicated == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
