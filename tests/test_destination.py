@@ -22,7 +22,7 @@ from support.jobs import refused, sample_rows, snapshot, write_jsonl
 from test_bad_inputs import _unprivileged_prefix
 
 import elastic_sharding
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.submission import coordination_root
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
@@ -33,7 +33,7 @@ NEW = Path("new") / "deeper"  # two levels that do not exist yet
 def created_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
-    return fsops.DIR_MODE & ~mask
+    return confined.DIR_MODE & ~mask
 
 
 def assert_made(root: Path, output: Path) -> None:

@@ -25,7 +25,7 @@ from support.fake_worker import worker_command
 from support.jobs import refused, snapshot
 from test_destination import launcher_args
 
-from elastic_sharding import fsops, fsprobe
+from elastic_sharding import confined, fsops, fsprobe
 from elastic_sharding.claims.submission import coordination_root
 from elastic_sharding.errors import UnsuitableFilesystem
 
@@ -78,7 +78,7 @@ def test_the_mount_of_a_path_comes_from_mountinfo(tmp_path, monkeypatch):
     monkeypatch.setattr(fsprobe, "MOUNTINFO", tmp_path / "missing")
     assert fsprobe.mount_of(Path("/mnt/nas")) is None
     with pytest.raises(UnsuitableFilesystem, match="filesystem type unknown .*ENOSPC"):
-        monkeypatch.setattr(fsops, "create_file", _raise(errno.ENOSPC))
+        monkeypatch.setattr(confined, "create_file", _raise(errno.ENOSPC))
         fsprobe.check_job_filesystem(tmp_path / "job", creating=True)
 
 
@@ -122,12 +122,14 @@ BROKEN = {
     ),
     "exclusive create lets a second creator in": (
         lambda mp: mp.setattr(
-            fsops, "open_nofollow", lambda path, flags=os.O_RDONLY, mode=fsops.FILE_MODE: os.open(path, flags & ~os.O_EXCL, mode)
+            confined,
+            "open_nofollow",
+            lambda path, flags=os.O_RDONLY, mode=confined.FILE_MODE: os.open(path, flags & ~os.O_EXCL, mode),
         ),
         ["a second exclusive create of the same name: succeeded"],
     ),
     "a fresh open reads other bytes": (
-        lambda mp: mp.setattr(fsops, "read_bytes_nofollow", lambda path: b""),
+        lambda mp: mp.setattr(confined, "read_bytes_nofollow", lambda path: b""),
         ["reading a written and fsynced file back through a fresh open: returned other bytes"],
     ),
     "rename does not replace": (
@@ -135,7 +137,7 @@ BROKEN = {
         ["replacing a record atomically (rename): the replaced record reads back with other bytes"],
     ),
     "a listing misses new names": (
-        lambda mp: mp.setattr(fsops, "list_dir", lambda path: {}),
+        lambda mp: mp.setattr(confined, "list_dir", lambda path: {}),
         ["listing the directory: shows [] instead of ['created', 'linked']"],
     ),
 }

@@ -22,7 +22,7 @@ from support.fakes import FakeRunner
 from support.jobs import refused, snapshot
 
 import elastic_sharding.work.worker
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.heartbeat import read_heartbeat
 from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claims, read_claim
@@ -171,7 +171,7 @@ def test_a_worker_never_creates_attempts_through_a_linked_attempts_dir(make_job,
     proc = run_cli("worker", "--job-dir", str(job))
     refused(proc, str(layout.attempts_dir(S0)), "symbolic link")
     assert fake_runner.calls == [] and list(outside.iterdir()) == []
-    assert not fsops.lexists(layout.lock(S0)), "the claim was handed back, not left to go stale"
+    assert not confined.lexists(layout.lock(S0)), "the claim was handed back, not left to go stale"
 
 
 def test_a_stale_claim_is_never_taken_over_through_a_linked_attempts_dir(make_job, outside, tmp_path):
@@ -180,7 +180,7 @@ def test_a_stale_claim_is_never_taken_over_through_a_linked_attempts_dir(make_jo
     stale = Claims(layout, "gone", 1).try_claim(S0)
     layout.attempts_dir(S0).symlink_to(outside, target_is_directory=True)
     assert read_heartbeat(layout.attempt_dir(S0, stale.attempt_id)) is None
-    with pytest.raises(fsops.LinkRefused):
+    with pytest.raises(confined.LinkRefused):
         Claims(layout, "me", 2).take_over(stale.record, 10.0)
     assert list(outside.iterdir()) == [], "no superseded marker written through the link"
 
@@ -318,7 +318,7 @@ def test_linked_coordination_directories_are_never_followed(make_job, outside):
     shutil.move(str(real), str(outside / "coordination"))
     real.symlink_to(outside / "coordination", target_is_directory=True)
     assert generations(job) == [], "status never reads through the link"
-    with pytest.raises(fsops.LinkRefused):
+    with pytest.raises(confined.LinkRefused):
         Generation(job, "run-1").open()
     real.unlink()
     gen = Generation(job, "run-2")

@@ -23,7 +23,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.errors import JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.records import SHARD_ID_RE, PublishRecord, load
@@ -78,9 +78,9 @@ def check_target(output: Path, layout: JobLayout, directory: bool = False) -> Pa
     not be an existing directory."""
     output = Path(os.path.abspath(output))
     if directory:
-        if fsops.kind(output) == "link":
+        if confined.kind(output) == "link":
             raise UsageError(f"--output {output} is a symbolic link; name the directory itself")
-        if fsops.kind(output) not in (None, "dir"):
+        if confined.kind(output) not in (None, "dir"):
             raise UsageError(f"--output {output}/ names a directory output, but {output} is a file")
         if output == layout.root or output in layout.root.parents:
             raise UsageError(f"--output {output} is or contains the job directory; publish the directory output elsewhere")
@@ -127,9 +127,9 @@ def inside_job(output: Path, layout: JobLayout) -> bool:
 def published(output: Path, directory: bool) -> bool:
     """Whether something is at `output` that a merge would have to replace (an empty directory
     is not: publishing a directory output renames onto it)."""
-    if directory and fsops.kind(output) == "dir":
+    if directory and confined.kind(output) == "dir":
         return bool(os.listdir(output))
-    return fsops.lexists(output)
+    return confined.lexists(output)
 
 
 def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = False) -> None:
@@ -138,10 +138,10 @@ def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = Fal
     names it, in the same form, with its size or its index); finalize verifies it byte for byte.
     With the job directory there but no merge.json yet, the decision is left to finalize: another
     node may be publishing both. `output` is as `check_target` returned it."""
-    if not published(output, directory) or (layout.root.is_dir() and not fsops.lexists(layout.merge_record)):
+    if not published(output, directory) or (layout.root.is_dir() and not confined.lexists(layout.merge_record)):
         return
     why = "the job has not been prepared yet"
-    if fsops.lexists(layout.merge_record):
+    if confined.lexists(layout.merge_record):
         try:
             record = load(PublishRecord, layout.merge_record)
         except JobStateError as exc:
@@ -151,7 +151,7 @@ def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = Fal
             why = f"this job was merged into {record.output}"
         elif record.form != form:
             why = f"this job's merge there is a {record.form}, not a {form}"
-        elif directory and not fsops.lexists(output / INDEX_NAME):
+        elif directory and not confined.lexists(output / INDEX_NAME):
             why = f"it has no {INDEX_NAME}"
         elif not directory and os.stat(output).st_size != record.bytes:
             why = f"its size differs from this job's merge ({record.bytes} bytes)"
@@ -173,7 +173,7 @@ def refuse_existing_directory(output: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise UsageError(f"{output} already exists and is not empty; pass --overwrite to replace it")
-    entries = fsops.list_dir(output)
+    entries = confined.list_dir(output)
     foreign = sorted(
         name
         for name, found in entries.items()
@@ -195,7 +195,7 @@ def make_staging_dir(output: Path) -> Path:
     """The hidden directory beside `output` in which its directory output is built."""
     stage = _hidden_sibling(output, "staging")
     try:
-        os.mkdir(stage, fsops.DIR_MODE)
+        os.mkdir(stage, confined.DIR_MODE)
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot write in {output.parent}: {exc.strerror or exc}") from None
     return stage
@@ -203,7 +203,7 @@ def make_staging_dir(output: Path) -> Path:
 
 def remove_tree(path: Path) -> None:
     """Remove a staging or replaced directory (never following links inside it); errors are logged."""
-    if fsops.kind(path) != "dir":
+    if confined.kind(path) != "dir":
         return
 
     def failed(function, name, exc_info) -> None:

@@ -6,9 +6,8 @@ fsync. Correctness never depends on fcntl/flock: on NFSv3 with `nolock`/`local_l
 node-local. Readers of just-published records must tolerate attribute caches, so `read_record`
 retries a read that comes back empty or unparsable instead of treating it as "free".
 
-It is also where the job directory is confined: whatever the tool reads from inside a job's
-directories is opened with O_NOFOLLOW and listed without following links (`LinkRefused`), and
-everything it creates asks for `FILE_MODE`/`DIR_MODE`, which the kernel narrows by the umask.
+Everything here opens, lists and creates through `confined`, so no coordination step ever goes
+through a link planted in the job directory.
 """
 
 from __future__ import annotations
@@ -24,118 +23,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
+from elastic_sharding import confined
+
 T = TypeVar("T")
 
-# Asked for on creation and narrowed by the kernel with the umask: 0644/0755 under umask 022, group-writable
-# 0664/0775 under a group-shared 002, never world-writable (not even under umask 000).
 STALE_HANDLE_SECS = 3.0
 STALE_HANDLE_POLL = 0.02
 MKDIR_VISIBLE_TRIES = 10
-FILE_MODE = 0o664
-DIR_MODE = 0o775
-
-
-class LinkRefused(OSError, ValueError):
-    """A symbolic link where the tool expects a file or directory of its own: never followed.
-
-    An OSError (ELOOP) for callers that report I/O errors, and a ValueError so that every reader
-    that treats an unparsable record as unreadable treats a planted link the same way."""
-
-    def __init__(self, path: Path | str):
-        super().__init__(errno.ELOOP, "is a symbolic link, which elastic-shard never follows inside a job directory", str(path))
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
-
-
-def _is_link(path: Path) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def lexists(path: Path) -> bool:
-    """Whether a name exists, a symbolic link included (and never followed)."""
-    try:
-        os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    return True
-
-
-def kind(path: Path) -> str | None:
-    """What `path` names ("file", "dir", "link" or "other"), without following it; None if missing."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(mode):
-        return "link"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    return "file" if stat.S_ISREG(mode) else "other"
-
-
-def refuse_link(path: Path) -> None:
-    """Raise LinkRefused if `path` is a symbolic link; a missing path passes (its reader reports it)."""
-    if kind(path) == "link":
-        raise LinkRefused(path)
-
-
-def open_nofollow(path: Path, flags: int = os.O_RDONLY, mode: int = FILE_MODE) -> int:
-    """os.open that refuses (LinkRefused) a symbolic link at the last component of `path`."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        # Linux says ELOOP for a link, or ENOTDIR when O_DIRECTORY was asked for.
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(path)):
-            raise LinkRefused(path) from None
-        raise
-
-
-def open_read(path: Path, buffering: int = -1) -> BinaryIO:
-    """Open a file for reading in binary mode, refusing a symbolic link (no extra syscall)."""
-    return os.fdopen(open_nofollow(path), "rb", buffering=buffering)
-
-
-def open_append(path: Path) -> BinaryIO:
-    """Open (creating) a log for appending, refusing a symbolic link in its place."""
-    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
-
-
-def create_file(path: Path, buffering: int = -1) -> BinaryIO:
-    """A new file (never an existing one, never through a link), opened for writing with `FILE_MODE`."""
-    return os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb", buffering=buffering)
-
-
-def read_bytes_nofollow(path: Path) -> bytes:
-    with open_read(path, buffering=0) as handle:
-        return handle.read()
-
-
-def list_dir(path: Path) -> dict[str, str]:
-    """Names in a directory with their `kind` ("file", "dir", "link", "other"), following neither
-    the directory itself (LinkRefused) nor its entries. Costs what os.listdir costs where the
-    filesystem reports entry types."""
-    fd = open_nofollow(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with os.scandir(fd) as entries:
-            return {entry.name: _entry_kind(entry) for entry in entries}
-    finally:
-        os.close(fd)
-
-
-def _entry_kind(entry: os.DirEntry) -> str:
-    if entry.is_symlink():
-        return "link"
-    if entry.is_dir(follow_symlinks=False):
-        return "dir"
-    return "file" if entry.is_file(follow_symlinks=False) else "other"
 
 
 def ensure_dir(path: Path, parents: bool = False) -> None:
-    """mkdir unless `path` already is a directory; a link (LinkRefused) or a file in its place is
+    """mkdir unless `path` already is a directory; a link (confined.LinkRefused) or a file in its place is
     refused, so nothing is ever created through a planted link. Missing parents are created
     only if asked (they are above the place the tool confines itself to)."""
     try:
@@ -149,9 +47,9 @@ def ensure_dir(path: Path, parents: bool = False) -> None:
 
 def _is_own_dir(path: Path) -> bool:
     """True if `path` is a directory (never through a link), False if it does not show (yet)."""
-    found = kind(path)
+    found = confined.kind(path)
     if found == "link":
-        raise LinkRefused(path)
+        raise confined.LinkRefused(path)
     if found not in ("dir", None):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
     return found == "dir"
@@ -161,7 +59,7 @@ def make_dirs(path: Path) -> list[Path]:
     """`mkdir -p` for a place outside the job directory (the directory of an `--output`).
 
     Existing components may be links and are followed, as in any path a user types; missing ones
-    are created with `DIR_MODE`, and one that another process creates meanwhile is fine. Returns
+    are created with `confined.DIR_MODE`, and one that another process creates meanwhile is fine. Returns
     the directories this call created, outermost first. If one cannot be created, those already
     made are removed again and the OSError names the directory that failed."""
     missing: list[Path] = []
@@ -191,7 +89,7 @@ def _is_dir_in_the_way(path: Path) -> bool:
     except NotADirectoryError:
         return False
     except FileNotFoundError:
-        if not _is_link(path):
+        if not confined.is_link(path):
             return path.parent == path
         try:
             mode = os.stat(path).st_mode  # not a link after all: created meanwhile
@@ -209,7 +107,7 @@ def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
     before that counts as an error; `is_dir` raises for anything else in its place."""
     for attempt in range(MKDIR_VISIBLE_TRIES):
         try:
-            os.mkdir(directory, DIR_MODE)
+            os.mkdir(directory, confined.DIR_MODE)
             return True
         except FileExistsError:
             if is_dir(directory):
@@ -248,12 +146,12 @@ def _temp_name(target: Path) -> Path:
 
 
 def probe_create(target: Path, create_once: bool = False) -> None:
-    """Create and remove the kind of temporary file `AtomicOutput` writes beside `target`: proves
+    """Create and remove the confined.kind of temporary file `AtomicOutput` writes beside `target`: proves
     now, before any work, that the directory takes new files (permissions, a read-only mount).
     With `create_once`, also link it to a second name, as a create-once commit publishes it
     (a mount without hard links fails here, not after the whole job)."""
     tmp = _temp_name(target)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, confined.FILE_MODE))
     try:
         if create_once:
             linked = _temp_name(target)
@@ -281,7 +179,7 @@ def fsync_dir(path: Path) -> None:
 def _write_temp(target: Path, data: bytes) -> Path:
     tmp = _temp_name(target)
     with reported_as(target, "creating a temporary file for it", tmp):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
     try:
         with reported_as(target, "writing its temporary file"):
             view = memoryview(data)
@@ -372,7 +270,7 @@ def link_back(source: Path, target: Path) -> bool:
 def make_dir_exclusive(path: Path) -> bool:
     """mkdir that fails on an existing name: True if this call created it."""
     try:
-        os.mkdir(path, DIR_MODE)
+        os.mkdir(path, confined.DIR_MODE)
     except FileExistsError:
         return False
     fsync_dir(path.parent)
@@ -399,7 +297,7 @@ def read_record(path: Path, parse: Callable[[bytes], T], attempts: int = 5, dela
     still points at a record another node has since replaced gets it until that cache entry
     expires (measured on GlusterFS's default caching: runs of ESTALE for up to its 1 s entry
     timeout while another node rewrites the record; NFS clients behave alike). A record that
-    stays unparsable raises the parser's error; a symbolic link raises LinkRefused (a ValueError
+    stays unparsable raises the parser's error; a symbolic link raises confined.LinkRefused (a ValueError
     too) at once.
     """
     last_error: Exception | None = None
@@ -407,7 +305,7 @@ def read_record(path: Path, parse: Callable[[bytes], T], attempts: int = 5, dela
     attempt = 0
     while attempt < attempts:
         try:
-            data = read_bytes_nofollow(path)
+            data = confined.read_bytes_nofollow(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -442,7 +340,7 @@ class AtomicOutput:
         self.replace = replace
         self.tmp = _temp_name(target)
         with reported_as(target, "creating a temporary file for it", self.tmp):
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
         self._done = False
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_sharding import crashpoints, fsops
+from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.errors import UnsuitableFilesystem
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def _expect(condition: bool, step: str, problem: str) -> None:
 
 def _read(path: Path, step: str) -> bytes:
     with _step(step):
-        return fsops.read_bytes_nofollow(path)
+        return confined.read_bytes_nofollow(path)
 
 
 def _second_create_refused(step: str, create: Callable[[], object]) -> None:
@@ -185,11 +185,11 @@ def probe(directory: Path) -> ProbeFailure | None:
 def _run_checks(here: Path) -> None:
     created, linked = here / "created", here / "linked"
     payload = secrets.token_bytes(32)
-    with _step("exclusive create (open with O_CREAT|O_EXCL)"), fsops.create_file(created) as handle:
+    with _step("exclusive create (open with O_CREAT|O_EXCL)"), confined.create_file(created) as handle:
         handle.write(payload)
         handle.flush()
         os.fsync(handle.fileno())
-    _second_create_refused("a second exclusive create of the same name", lambda: fsops.create_file(created).close())
+    _second_create_refused("a second exclusive create of the same name", lambda: confined.create_file(created).close())
     step = "reading a written and fsynced file back through a fresh open"
     _expect(_read(created, step) == payload, step, "returned other bytes")
 
@@ -209,21 +209,21 @@ def _run_checks(here: Path) -> None:
 
     step = "listing the directory"
     with _step(step):
-        names = set(fsops.list_dir(here))
+        names = set(confined.list_dir(here))
     _expect(names == {"created", "linked"}, step, f"shows {sorted(names)} instead of ['created', 'linked']")
 
 
 def _remove(here: Path) -> ProbeFailure | None:
     """Remove the probe directory (and whatever a failed step left in it)."""
     try:
-        for name in fsops.list_dir(here):
+        for name in confined.list_dir(here):
             (here / name).unlink()
         os.rmdir(here)
     except FileNotFoundError:
         pass
     except OSError as exc:
         shutil.rmtree(here, ignore_errors=True)
-        if fsops.lexists(here):
+        if confined.lexists(here):
             return ProbeFailure("removing the probe directory", _failed_with(exc.errno), exc.errno)
     return None
 
@@ -232,7 +232,7 @@ def remove_stale_probes(directory: Path) -> None:
     """Remove the probe directories of dead processes of this host (a probe killed by SIGKILL
     cannot clean up). Those of other hosts are left alone: their pids mean nothing here."""
     try:
-        names = fsops.list_dir(directory)
+        names = confined.list_dir(directory)
     except OSError:
         return
     host = socket.gethostname()

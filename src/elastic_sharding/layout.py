@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.errors import JobStateError, UsageError
 from elastic_sharding.records import ATTEMPT_ID_RE, SHARD_ID_RE, Manifest, load
 
@@ -132,22 +132,22 @@ class JobLayout:
     def existing_attempt_dir(self, shard_id: str, attempt_id: str) -> Path:
         """An attempt directory to read from, refusing (LinkRefused) a link planted at it or at
         attempts/<shard>: two lstats, cheap enough for every running claim of every scan."""
-        fsops.refuse_link(self.attempts_dir(shard_id))
+        confined.refuse_link(self.attempts_dir(shard_id))
         path = self.attempt_dir(shard_id, attempt_id)
-        fsops.refuse_link(path)
+        confined.refuse_link(path)
         return path
 
     def load_manifest(self) -> Manifest:
         """The manifest, after checking that neither it nor the job's directories are links."""
         if not self.root.is_dir():
             raise JobStateError(f"{self.root}: job directory does not exist (run prepare first)")
-        if not fsops.lexists(self.manifest):
+        if not confined.lexists(self.manifest):
             raise JobStateError(
                 f"{self.root}: not a prepared job directory (no manifest.json); pass the --job-dir that prepare created"
             )
         for directory in self.skeleton:
-            if fsops.kind(directory) == "link":
-                raise JobStateError(str(fsops.LinkRefused(directory)))
+            if confined.kind(directory) == "link":
+                raise JobStateError(str(confined.LinkRefused(directory)))
         manifest = load(Manifest, self.manifest)
         for spec in manifest.shards:
             check_shard_id(spec.shard_id)
@@ -164,7 +164,7 @@ def attempt_ids(directory: Path) -> list[str]:
     Entries that are not directories named like attempt ids (links among them) are skipped and
     never followed; a link in place of `directory` itself raises LinkRefused."""
     try:
-        entries = fsops.list_dir(directory)
+        entries = confined.list_dir(directory)
     except FileNotFoundError:
         return []
     ids = []

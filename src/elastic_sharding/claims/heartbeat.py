@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.protocol import Claim, Claims, read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.records import ClaimRecord, Heartbeat, decode, encode
@@ -40,7 +40,7 @@ def read_claim_heartbeat(layout: JobLayout, claim: ClaimRecord) -> Heartbeat | N
     """The heartbeat of a claim's attempt; None also when a link was planted on the way to it."""
     try:
         return read_heartbeat(layout.existing_attempt_dir(claim.shard_id, claim.attempt_id))
-    except fsops.LinkRefused as exc:
+    except confined.LinkRefused as exc:
         log.warning("cannot read the heartbeat of %s: %s", claim.shard_id, exc)
         return None
 
@@ -135,7 +135,7 @@ class HeartbeatThread(LeaseKeeper):
         self.superseded = files["superseded"]
 
     def check(self) -> str | None:
-        if fsops.lexists(self.superseded):
+        if confined.lexists(self.superseded):
             return "this attempt was marked superseded by another worker"
         try:
             current = read_claim(self.claims.layout, self.claim.shard_id)

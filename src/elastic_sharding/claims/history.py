@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
 from elastic_sharding.records import AttemptRecord, decode
 from elastic_sharding.vocabulary import AttemptStatus
@@ -46,7 +46,7 @@ def count_failures(layout: JobLayout, shard_id: str) -> tuple[int, str | None, s
         record = read_attempt(attempt_dir)
         if record is not None and record.status == AttemptStatus.SUCCEEDED:
             continue
-        counts, error = attempt_failure(record, fsops.lexists(attempt_files(attempt_dir)["superseded"]))
+        counts, error = attempt_failure(record, confined.lexists(attempt_files(attempt_dir)["superseded"]))
         if counts:
             failures += 1
             last_id = name

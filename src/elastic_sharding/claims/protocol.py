@@ -32,7 +32,7 @@ from pathlib import Path
 
 import orjson
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.history import read_attempt
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.records import ClaimRecord, CompletionRecord, FailureRecord, SupersededRecord, decode, encode
@@ -67,7 +67,7 @@ def remove_if_token(lock: Path, moved: Path, expected_token: str) -> bool:
     if not fsops.rename_away(lock, moved):
         return False
     try:
-        token = orjson.loads(fsops.read_bytes_nofollow(moved)).get("token")
+        token = orjson.loads(confined.read_bytes_nofollow(moved)).get("token")
     except (OSError, ValueError, AttributeError):
         token = None
     if token == expected_token:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_sharding import crashpoints, fsops
+from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
 from elastic_sharding.claims.protocol import new_token, remove_if_token
 from elastic_sharding.claims.takeover import StalenessObserver
@@ -299,7 +299,7 @@ def generations(job_dir: Path) -> list[dict[str, Any]]:
     directories named like run hashes are read; links are never followed."""
     root = coordination_root(job_dir)
     try:
-        entries = fsops.list_dir(root)
+        entries = confined.list_dir(root)
     except OSError:
         return []
     summary = []

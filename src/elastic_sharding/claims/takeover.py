@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.claims.heartbeat import read_claim_heartbeat
 from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claim, Claims, read_claim
@@ -94,9 +94,9 @@ class ShardScanner:
                 if record.status == ClaimStatus.FAILED:
                     return None, [shard_id]
                 continue
-            completed = fsops.lexists(self.layout.done(shard_id))
+            completed = confined.lexists(self.layout.done(shard_id))
             if record is None:
-                state = shard_state(None, completed, not completed and fsops.lexists(self.layout.failed(shard_id)))
+                state = shard_state(None, completed, not completed and confined.lexists(self.layout.failed(shard_id)))
                 if state == ShardState.DONE:
                     self.claims.try_claim(shard_id, status=ClaimStatus.DONE)
                     self.terminal[shard_id] = ClaimStatus.DONE

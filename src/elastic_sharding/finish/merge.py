@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from elastic_sharding import crashpoints, fsops
+from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.destination import (
     INDEX_FORMAT,
     INDEX_NAME,
@@ -111,7 +111,7 @@ def publish(
     output = check_target(output, layout, directory)
     if directory:
         refuse_existing_directory(output, overwrite)
-    elif fsops.lexists(output) and not overwrite:
+    elif confined.lexists(output) and not overwrite:
         raise UsageError(f"{output} already exists; pass --overwrite to replace it")
     shards = completed_outputs(layout, lock_timeout)
     destination = prepare_destination(output, create_once=not overwrite, directory=directory)

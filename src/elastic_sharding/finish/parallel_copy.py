@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -74,7 +74,7 @@ def identify(path: Path) -> Identity:
     """The identity of a regular file, never through a link (LinkRefused); OSError as raised."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        raise fsops.LinkRefused(path)
+        raise confined.LinkRefused(path)
     if not stat.S_ISREG(st.st_mode):
         raise SourceError(f"{path} is not a regular file")
     return Identity.of(st)
@@ -83,7 +83,7 @@ def identify(path: Path) -> Identity:
 def open_source(path: Path, expected: Identity) -> int:
     """An fd of `path`, which must still be the file `expected` describes."""
     try:
-        fd = fsops.open_nofollow(path)
+        fd = confined.open_nofollow(path)
     except OSError as exc:
         raise SourceError(exc) from None
     try:
@@ -308,7 +308,7 @@ def link_or_copy(source: Path, expected: Identity, target: Path, block_size: int
     try:
         os.link(source, target, follow_symlinks=False)
     except FileNotFoundError as exc:
-        if not fsops.lexists(source):
+        if not confined.lexists(source):
             raise SourceError(exc) from None
         raise DestinationError(exc) from None
     except OSError:
@@ -320,7 +320,7 @@ def link_or_copy(source: Path, expected: Identity, target: Path, block_size: int
     fd = open_source(source, expected)
     try:
         try:
-            out = fsops.open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            out = confined.open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except OSError as exc:
             raise DestinationError(exc) from None
         try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.errors import IntegrityError, JobStateError, next_step
 from elastic_sharding.finish.parallel_copy import (
     Content,
@@ -78,7 +78,7 @@ def _completed_outputs(layout: JobLayout, lock_timeout: float | None) -> list[tu
             raise IntegrityError(f"{view.shard_id}: completion record does not match the manifest's shard input")
         try:
             attempt_dir = layout.existing_attempt_dir(view.shard_id, record.attempt_id)
-        except fsops.LinkRefused as exc:
+        except confined.LinkRefused as exc:
             raise IntegrityError(f"{view.shard_id}: {exc}") from None
         result.append((record, attempt_files(attempt_dir)["processed"]))
     return result
@@ -88,7 +88,7 @@ def read_completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
     """The completion record of a shard whose claim says done, read strictly: a missing, corrupt
     or symlinked one is a JobStateError naming the file."""
     path = layout.done(shard_id)
-    if not fsops.lexists(path):
+    if not confined.lexists(path):
         raise JobStateError(f"{shard_id}: claim says done but no completion record exists in {path}")
     return load(CompletionRecord, path)
 

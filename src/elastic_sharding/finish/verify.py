@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.destination import INDEX_FORMAT, INDEX_NAME, JSON_SUFFIXES, output_form, part_name
 from elastic_sharding.errors import IntegrityError, JobStateError, next_step
 from elastic_sharding.finish.parallel_copy import SourceError, hash_file, identify, run_all, thread_count
@@ -52,7 +52,7 @@ def _verify_shards(layout: JobLayout, expect_nodes: int) -> tuple[int, list[str]
 
 
 def _merge_record(layout: JobLayout, target: Path, form: str) -> PublishRecord:
-    if not fsops.lexists(layout.merge_record):
+    if not confined.lexists(layout.merge_record):
         raise JobStateError(f"{target}: no merge.json in the job directory; run merge first")
     merged = load(PublishRecord, layout.merge_record)
     if os.path.abspath(merged.output) != str(target):
@@ -90,14 +90,14 @@ def verify_directory(
     bytes and sha256, and nothing else a directory reader would take as data is there. Files
     that are a shard output `trusted` has just checked (the same inode) are not hashed again."""
     merged = _merge_record(layout, target, "directory")
-    if fsops.kind(target) != "dir":
-        what = "is a symbolic link" if fsops.kind(target) == "link" else "is not a directory"
-        if not fsops.lexists(target):
+    if confined.kind(target) != "dir":
+        what = "is a symbolic link" if confined.kind(target) == "link" else "is not a directory"
+        if not confined.lexists(target):
             raise JobStateError(f"{target}: directory output does not exist; run merge")
         raise IntegrityError(f"{target}: {what}")
     index_path = target / INDEX_NAME
     try:
-        data = fsops.read_bytes_nofollow(index_path)
+        data = confined.read_bytes_nofollow(index_path)
     except FileNotFoundError:
         raise IntegrityError(f"{target}: no {INDEX_NAME}, so not a complete directory output; run merge") from None
     except OSError as exc:
@@ -112,7 +112,7 @@ def verify_directory(
     if index.format != INDEX_FORMAT or index.job_id != job_id:
         raise IntegrityError(f"{index_path} is not this job's index (job {index.job_id}, not {job_id})")
     _check_entries(index, index_path, shards)
-    listing = fsops.list_dir(target)
+    listing = confined.list_dir(target)
     names = [entry.name for entry in index.entries if entry.name is not None]
     for name in names:
         found = listing.get(name)
@@ -203,7 +203,7 @@ def output_is_directory(layout: JobLayout, output: Path | str) -> tuple[Path, bo
     """`--output` as verify reads it: a directory output if it says so (a trailing `/`, an
     existing directory) or if merge.json published a directory there."""
     target, directory = output_form(output)
-    if not directory and fsops.lexists(layout.merge_record) and not fsops.lexists(target):
+    if not directory and confined.lexists(layout.merge_record) and not confined.lexists(target):
         try:
             record = load(PublishRecord, layout.merge_record)
         except JobStateError:
@@ -222,7 +222,7 @@ def verify(job_dir: Path, expect_nodes: int = 1, output: Path | str | None = Non
     else:
         target, directory = layout.default_output, False
     checked = None
-    if output is not None or fsops.lexists(target):
+    if output is not None or confined.lexists(target):
         verify_output(layout, target, directory, shards, trusted)
         checked = target
     return VerifyResult(len(shards), hosts, checked, ("directory" if directory else "file") if checked else None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.heartbeat import read_claim_heartbeat, read_heartbeat
 from elastic_sharding.claims.history import attempt_failure, count_failures, read_attempt
 from elastic_sharding.claims.protocol import read_claim
@@ -74,7 +74,7 @@ def _lenient(read: Callable[[], T | None]) -> T | None:
     unparsable one reads as missing."""
     try:
         return read()
-    except fsops.LinkRefused as exc:
+    except confined.LinkRefused as exc:
         log.warning("ignoring %s", exc)
         return None
     except ValueError:
@@ -187,7 +187,7 @@ def _attempt_view(
     if record.attempt_id == published and record.status != AttemptStatus.SUCCEEDED:
         record = replace(record, status=AttemptStatus.SUCCEEDED)
     files = attempt_files(attempt_dir)
-    superseded = record.status != AttemptStatus.SUCCEEDED and fsops.lexists(files["superseded"])
+    superseded = record.status != AttemptStatus.SUCCEEDED and confined.lexists(files["superseded"])
     heartbeat = read_heartbeat(attempt_dir) if record.status == AttemptStatus.RUNNING or record.finished_at is None else None
     last_seen = heartbeat.wall_time if heartbeat is not None and heartbeat.token == record.token else record.started_at
     outcome = record.status
@@ -232,15 +232,15 @@ def _phase_secs(heartbeat: Heartbeat | None) -> float | None:
 def _subdirs(path: Path) -> list[str]:
     """Real subdirectories of `path`, sorted; links (and `path` being one) are skipped, with a warning."""
     try:
-        entries = fsops.list_dir(path)
-    except fsops.LinkRefused as exc:
+        entries = confined.list_dir(path)
+    except confined.LinkRefused as exc:
         log.warning("ignoring %s", exc)
         return []
     except (FileNotFoundError, NotADirectoryError):
         return []
     for name, kind in entries.items():
         if kind == "link":
-            log.warning("ignoring %s", fsops.LinkRefused(path / name))
+            log.warning("ignoring %s", confined.LinkRefused(path / name))
     return sorted(name for name, kind in entries.items() if kind == "dir")
 
 
@@ -255,7 +255,7 @@ def _attempts_in(
 ) -> list[AttemptView]:
     try:
         names = attempt_ids(root)
-    except fsops.LinkRefused as exc:
+    except confined.LinkRefused as exc:
         log.warning("ignoring %s", exc)
         return []
     except NotADirectoryError:

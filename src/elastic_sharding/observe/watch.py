@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.errors import EXIT_INCOMPLETE
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe import prometheus
@@ -52,7 +52,7 @@ def watch_status(
     code = EXIT_INCOMPLETE
     manifest = JobLayout(Path(os.path.abspath(job_dir))).manifest
     try:
-        while not fsops.lexists(manifest):
+        while not confined.lexists(manifest):
             # Started before `prepare` finished (a launcher's first minutes): wait for the job. On
             # stderr, so that stdout stays the view (or one JSON object per line).
             sys.stderr.write(f"{time.strftime('%H:%M:%S')} {job_dir}: waiting for prepare to publish the job\n")

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from elastic_sharding import crashpoints, errors, fsops
+from elastic_sharding import confined, crashpoints, errors, fsops
 from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
 from elastic_sharding.claims.protocol import new_token, remove_if_token
 from elastic_sharding.claims.takeover import StalenessObserver
@@ -62,7 +62,7 @@ class PrepareDir(PrepareLayout):
         return cls(preparing_dir(job_root), job_root)
 
     def published(self) -> bool:
-        return (self.job_root / "manifest.json").is_file() and not fsops.lexists(self.stage)
+        return (self.job_root / "manifest.json").is_file() and not confined.lexists(self.stage)
 
     def read_plan(self) -> PreparePlan | None:
         return fsops.read_record(self.plan, lambda data: decode(PreparePlan, data, self.plan))

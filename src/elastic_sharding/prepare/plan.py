@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.engine import engine_identity
 from elastic_sharding.errors import JobStateError
 from elastic_sharding.layout import JobLayout
@@ -135,7 +135,7 @@ def open_plan(pdir: PrepareDir, plan: PreparePlan) -> PreparePlan:
             except ValueError:
                 existing = None
             if existing is not None:
-                if existing.key == plan.key and not fsops.lexists(pdir.failed):
+                if existing.key == plan.key and not confined.lexists(pdir.failed):
                     log.info("joining the prepare already under way in %s", pdir.root)
                     return existing
                 log.warning("removing %s: it holds an earlier prepare of another request or input", pdir.root)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.errors import JobStateError
 
 FORMAT_VERSION = 1
@@ -108,10 +108,10 @@ def decode(cls: type[R], data: bytes, path: Path | str) -> R:
 def load(cls: type[R], path: Path) -> R:
     """Read a required record; a missing, corrupt or symlinked one is a job-state error."""
     try:
-        return decode(cls, fsops.read_bytes_nofollow(path), path)
+        return decode(cls, confined.read_bytes_nofollow(path), path)
     except FileNotFoundError:
         raise JobStateError(f"{path}: missing; the job directory is incomplete: restore it, or prepare a new --job-dir") from None
-    except fsops.LinkRefused as exc:
+    except confined.LinkRefused as exc:
         raise JobStateError(str(exc)) from None
     except ValueError as exc:
         raise JobStateError(f"corrupt record {exc}; restore it, or prepare a new --job-dir") from None

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from elastic_sharding import crashpoints, fsops
+from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.claims.heartbeat import HeartbeatThread
 from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claim, Claims
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 def sha256_file(path: Path) -> str:
     """sha256 of a file inside the job directory (a symbolic link raises LinkRefused, unread)."""
     digest = hashlib.sha256()
-    with fsops.open_read(path, buffering=0) as handle:
+    with confined.open_read(path, buffering=0) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -306,7 +306,7 @@ class AttemptSteps:
             return
         for name in names:
             files = attempt_files(root / name)
-            if fsops.lexists(files["ray_output"]):
+            if confined.lexists(files["ray_output"]):
                 log.info("removing the raw output %s, left behind by an attempt", files["ray_output"])
                 self._remove_raw(files["ray_output"])
             if published is not None and name != published:
@@ -328,7 +328,7 @@ class AttemptSteps:
 
     def _job_recipe(self) -> dict[str, Any]:
         try:
-            raw = fsops.read_bytes_nofollow(self.layout.recipe)
+            raw = confined.read_bytes_nofollow(self.layout.recipe)
             config: dict[str, Any] = yaml.safe_load(raw)
         except (OSError, yaml.YAMLError) as exc:
             raise JobStateError(

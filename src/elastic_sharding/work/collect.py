@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 import orjson
 
-from elastic_sharding import crashpoints, fsops
+from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.errors import AttemptFailed, InputError
 from elastic_sharding.prepare.jsonl import parse_object
 from elastic_sharding.records import ROW_KEY
@@ -43,17 +43,17 @@ class OutputStats:
 
 def part_files(ray_output: Path) -> list[Path]:
     """The runner's output files; a symbolic link in their place fails the attempt instead of being followed."""
-    found = fsops.kind(ray_output)
+    found = confined.kind(ray_output)
     if found is None:
         raise AttemptFailed(f"the runner produced no output at {ray_output}")
     if found == "link":
-        raise AttemptFailed(f"output {fsops.LinkRefused(ray_output)}")
+        raise AttemptFailed(f"output {confined.LinkRefused(ray_output)}")
     if found == "file":
         return [ray_output] if ray_output.stat().st_size else []
-    entries = {name: kind for name, kind in fsops.list_dir(ray_output).items() if not name.startswith(".")}
+    entries = {name: kind for name, kind in confined.list_dir(ray_output).items() if not name.startswith(".")}
     links = sorted(name for name, kind in entries.items() if kind == "link")
     if links:
-        raise AttemptFailed(f"output {fsops.LinkRefused(ray_output / links[0])}")
+        raise AttemptFailed(f"output {confined.LinkRefused(ray_output / links[0])}")
     return sorted(ray_output / name for name, kind in entries.items() if kind == "file")
 
 
@@ -63,7 +63,7 @@ def remove_raw_output(ray_output: Path) -> bool:
     one inside the directory either). An error, e.g. a runner of a superseded attempt still
     writing into it, is logged and leaves the rest for a later sweep."""
     try:
-        found = fsops.kind(ray_output)
+        found = confined.kind(ray_output)
         if found is None:
             return True
         if found == "dir":
@@ -74,14 +74,14 @@ def remove_raw_output(ray_output: Path) -> bool:
         pass
     except OSError as exc:
         log.warning("could not remove the raw output %s (%s); a later attempt or the worker's exit retries", ray_output, exc)
-    return not fsops.lexists(ray_output)
+    return not confined.lexists(ray_output)
 
 
 def remove_unused_output(processed: Path) -> None:
     """Delete an attempt's collected output that the shard's completion does not name, with the
     temporary files a collect killed midway left beside it (links removed, never followed)."""
     try:
-        entries = fsops.list_dir(processed.parent)
+        entries = confined.list_dir(processed.parent)
     except OSError as exc:
         log.warning("cannot look for unused output in %s: %s", processed.parent, exc)
         return
@@ -121,7 +121,7 @@ def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
 
 
 def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator[tuple[int, int, int, bytes]]:
-    with fsops.open_read(part, buffering=1 << 20) as handle:
+    with confined.open_read(part, buffering=1 << 20) as handle:
         for lineno, line in enumerate(handle, 1):
             line = line.rstrip(b"\r\n")
             if not line:
@@ -181,7 +181,7 @@ def collect(ray_output: Path, processed: Path, first_row: int, rows: int) -> Out
 def validated_lines(path: Path) -> Iterator[bytes]:
     """Yield a JSONL file's lines (with newline); ValueError names the file and line of the first
     line that is truncated or not a JSON object; a symbolic link raises LinkRefused, unread."""
-    with fsops.open_read(path, buffering=1 << 20) as handle:
+    with confined.open_read(path, buffering=1 << 20) as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.endswith(b"\n"):
                 raise ValueError(f"{path}:{lineno}: truncated (no newline at end)")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.children import child_env, set_parent_death_signal
 from elastic_sharding.errors import AttemptFailed
 from elastic_sharding.vocabulary import Phase
@@ -51,7 +51,7 @@ def start_child(
     lifeline once the group has been stopped."""
     lifeline = Lifeline()
     try:
-        with fsops.open_append(log_path) as log_file:
+        with confined.open_append(log_path) as log_file:
             log_file.write(f"# {' '.join(command)}\n".encode())
             log_file.flush()
             proc = subprocess.Popen(
@@ -101,7 +101,7 @@ def last_error_line(log_path: Path) -> str:
     those wrappers.
     """
     try:
-        with fsops.open_read(log_path) as handle:
+        with confined.open_read(log_path) as handle:
             handle.seek(max(0, os.path.getsize(log_path) - 256 * 1024))
             lines = handle.read().decode("utf-8", "replace").splitlines()
     except OSError:

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from elastic_sharding import fsops
+from elastic_sharding import confined
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted
 from elastic_sharding.vocabulary import Phase
 from elastic_sharding.work.runners.base import AttemptContext, NodeRuntime
@@ -270,7 +270,7 @@ class WarmRunner:
         ctx = entry.ctx
         entry.server = server
         server.shards += 1
-        with fsops.open_append(ctx.log_path) as log_file:
+        with confined.open_append(ctx.log_path) as log_file:
             log_file.write(
                 f"# warm runtime pid {server.pid} #{server.number}, shard {server.shards} in it; "
                 f"runtime log {server.log_path}\n".encode()
