@@ -17,10 +17,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elastic_sharding.records import ShardSpec
+from elastic_sharding.layout import JobLayout
+from elastic_sharding.records import Manifest, ShardSpec
 
 if TYPE_CHECKING:
-    from elastic_sharding.work.worker import Worker
+    from elastic_sharding.work.attempt import Staged
+    from elastic_sharding.work.runners import Runner
+    from elastic_sharding.work.worker import Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,17 @@ class Lookahead:
 
 
 class ClaimAhead:
-    """Claim-ahead, as a part of `Worker`."""
+    """Claim-ahead, as a part of `Worker` (which sets every attribute below); the staged claim is
+    run by the loop, or handed back by `drop_staged` when the worker leaves."""
+
+    layout: JobLayout
+    manifest: Manifest
+    options: WorkerOptions
+    runner: Runner
+    overlaps: bool
+    claimed: int
+    staged: Staged | None
+    stopping: str | None
 
     def claim_ahead(self) -> None:
         """Claim and stage the next shard while the current one runs (called by Lookahead)."""
