@@ -23,7 +23,7 @@ def _emit_json(value: object) -> None:
     sys.stdout.flush()
 
 
-def _job_request(args: argparse.Namespace):  # -> launch.common.JobRequest
+def _job_request(args: argparse.Namespace):  # -> launch.steps.JobRequest
     from elastic_sharding.launch.steps import JobRequest
 
     output = Path(args.output) if args.output is not None else None

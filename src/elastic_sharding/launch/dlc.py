@@ -2,7 +2,7 @@
 
 Each instance: elect one prepare coordinator, work as a worker, wait until every shard is done,
 elect one finalize coordinator (verify + merge), and exit with the submission's common code.
-Coordination goes only through the shared directory (`coordination.py`).
+Coordination goes only through the shared directory (`claims/submission.py`).
 """
 
 from __future__ import annotations
