@@ -15,6 +15,7 @@ if _TESTS_DIR not in sys.path:  # `import support.…` (tests/support/) from eve
 
 from support.fakes import FakeRunner  # noqa: E402
 from support.jobs import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl  # noqa: E402
+from support.launchers import launcher_runner  # noqa: E402
 from support.mounts import mounted, rclone_unavailable  # noqa: E402
 from support.outputs import EMPTY, keep  # noqa: E402
 
@@ -151,3 +152,8 @@ def rclone_mount(tmp_path: Path):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def launch(tmp_path: Path):
+    return launcher_runner(tmp_path)

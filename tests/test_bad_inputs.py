@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tracemalloc
@@ -18,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 from support.jobs import SIMPLE_RECIPE
+from support.processes import unprivileged_prefix
 
 import elastic_sharding
 from elastic_sharding.errors import InputError
@@ -347,23 +347,6 @@ def test_file_replaced_by_a_fifo_after_listing_is_refused_not_waited_on(tmp_path
         list(HashingLineReader(path).blocks())
 
 
-def _unprivileged_prefix(tmp_path: Path) -> list[str]:
-    """A command prefix under which permission bits are enforced even for root (tests run as root
-    in CI, where CAP_DAC_OVERRIDE lets every read through); skips the test where none works."""
-    probe = tmp_path / "probe"
-    probe.write_text("x")
-    probe.chmod(0)
-    prefix = []
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv: cannot drop CAP_DAC_OVERRIDE")
-        prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--"]
-    if subprocess.run([*prefix, "cat", str(probe)], capture_output=True).returncode == 0:
-        pytest.skip("permission bits are not enforced here")
-    return prefix
-
-
 # Run by one unprivileged interpreter: Data-Juicer is imported once for all three cases.
 _UNREADABLE_DRIVER = """
 import contextlib, io, json, sys
@@ -379,7 +362,7 @@ print(json.dumps(results))
 
 
 def test_unreadable_inputs(tmp_path):
-    prefix = _unprivileged_prefix(tmp_path)
+    prefix = unprivileged_prefix(tmp_path)
     single = _dir(tmp_path / "single", {"d.jsonl": GOOD}) / "d.jsonl"
     in_dir = _dir(tmp_path / "in_dir", {"a.jsonl": GOOD, "sub/b.jsonl": GOOD, "z.jsonl": GOOD})
     closed_dir = _dir(tmp_path / "closed_dir", {"a.jsonl": GOOD, "sub/b.jsonl": GOOD})

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -17,9 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 from support.e2e_support import needs_unshare
-from support.fake_worker import launch_command
-from support.jobs import refused, sample_rows, snapshot, write_jsonl
-from test_bad_inputs import _unprivileged_prefix
+from support.jobs import refused, snapshot
+from support.launchers import launcher_args
+from support.processes import unprivileged_prefix
 
 import elastic_sharding
 from elastic_sharding import confined, fsops
@@ -119,7 +118,7 @@ def test_report_creates_the_missing_directories_of_output(done_job, tmp_path, ru
 
 
 def test_permission_denied_is_refused_in_one_line(done_job, tmp_path):
-    prefix = _unprivileged_prefix(tmp_path)
+    prefix = unprivileged_prefix(tmp_path)
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o555)
     cases = {
@@ -151,44 +150,6 @@ def test_an_output_may_not_take_the_name_of_the_jobs_own_files(done_job, run_cli
 
 
 # -- the launchers -------------------------------------------------------------------------------
-
-RECIPE = """\
-project_name: destination-test
-dataset_path: {dataset}
-process:
-  - whitespace_normalization_mapper:
-"""
-QUICK = ("--poll-interval-secs", "0.1", "--lock-timeout-secs", "5", "--heartbeat-interval-secs", "0.5")
-
-
-@pytest.fixture
-def launch(tmp_path: Path):
-    """launch(command, *args, count=1, prefix=()) -> exit codes of `count` instances run with the fake runner."""
-    dataset = write_jsonl(tmp_path / "input.jsonl", sample_rows(12))
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RECIPE.format(dataset=dataset))
-
-    def run(command: str, *args: str, count: int = 1, prefix: tuple[str, ...] = (), script: tuple[str, ...] = ()) -> list[int]:
-        argv = launch_command(*script, command, "--config", str(recipe), *QUICK, *args)
-        procs = []
-        for i in range(count):
-            with open(tmp_path / f"{command}-{i}.log", "ab") as log:
-                procs.append(subprocess.Popen([*(p.format(i=i) for p in prefix), *argv], stdout=subprocess.DEVNULL, stderr=log))
-        return [proc.wait(timeout=300) for proc in procs]
-
-    return run
-
-
-def launcher_args(command: str, tmp_path: Path) -> list[str]:
-    if command == "dlc":
-        return ["--run-id", "r1", "--num-shards", "3"]
-    if command == "mpi":
-        if shutil.which("mpirun") is None:
-            pytest.skip("needs OpenMPI's mpirun (apt-get install openmpi-bin)")
-        hostfile = tmp_path / "hostfile"
-        hostfile.write_text("localhost slots=1\n")
-        return ["--hostfile", str(hostfile), "--num-shards", "3"]
-    return ["--workers", "2", "--num-shards", "3"]
 
 
 @pytest.mark.parametrize("command", ["dlc", "mpi", "local"])

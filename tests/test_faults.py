@@ -5,31 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import orjson
-from support.fake_worker import worker_command
 from support.fakes import FakeRunner
 from support.jobs import cli, sample_rows, wait_until_ready
+from support.processes import fake_worker, wait_for
 
 from elastic_sharding.claims.protocol import read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 SHARD = "part-00000-of-00001"
-
-
-def fake_worker(job: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(worker_command(job, *args), stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def merged(job: Path, tmp_path: Path) -> list[dict]:

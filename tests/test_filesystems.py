@@ -20,17 +20,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import test_destination
 from support.fake_worker import worker_command
 from support.jobs import refused, snapshot
-from test_destination import launcher_args
+from support.launchers import launcher_args
 
 from elastic_sharding import confined, fsops, fsprobe
 from elastic_sharding.claims.submission import coordination_root
 from elastic_sharding.errors import UnsuitableFilesystem
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
-launch = test_destination.launch  # the fixture that runs launchers with the fake runner
 ADVICE = "put --job-dir on a NAS/NFS/CPFS mount that every node shares"
 
 

@@ -171,7 +171,7 @@ def test_dlc_instances_elect_one_coordinator_per_phase_and_all_succeed(tmp_path,
 
 
 def test_only_the_prepare_coordinator_hashes_the_input_again_and_a_changed_input_fails_every_instance(tmp_path, dlc_job):
-    from test_prepare import edit_in_place
+    from support.jobs import edit_in_place
 
     job, dataset, args = dlc_job
     assert run_instances(tmp_path, 3, *args("run-1")) == [0, 0, 0]
@@ -279,7 +279,7 @@ def test_parameter_errors_are_refused_before_anything_is_written(tmp_path, run_c
 
 def test_local_launcher_hands_back_the_claims_of_a_worker_it_saw_die(make_job):
     """The local launcher reaped the worker, so it knows the owner is dead: no lease to wait."""
-    from test_faults import fake_worker, wait_for
+    from support.processes import fake_worker, wait_for
 
     from elastic_sharding.claims.protocol import read_claim
     from elastic_sharding.launch.local import _release_claims_of
@@ -356,7 +356,7 @@ def test_success_and_failure_are_decided_once(tmp_path):
 def test_sigterm_drains_an_instance_without_failing_the_submission(tmp_path, dlc_job):
     import signal
 
-    from test_faults import wait_for
+    from support.processes import wait_for
 
     from elastic_sharding.claims.protocol import read_claim
     from elastic_sharding.layout import JobLayout

@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 from support.jobs import cli, refused, snapshot
+from support.launchers import launcher_args
 from support.outputs import hidden_leftovers, keep, records
-from test_destination import launch, launcher_args  # noqa: F401 - `launch` is a fixture
 
 import elastic_sharding.finish.merge as merge_mod
 from elastic_sharding import destination

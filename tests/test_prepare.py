@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from support.jobs import SIMPLE_RECIPE, fast_settings, sample_rows, write_jsonl
+from support.jobs import SIMPLE_RECIPE, edit_in_place, fast_settings, sample_rows, write_jsonl
 
 from elastic_sharding.errors import InputError, JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
@@ -139,16 +139,6 @@ def test_identical_request_is_a_noop_and_different_one_refused(tmp_path, recipe_
     write_jsonl(dataset, sample_rows(11))
     with pytest.raises(JobStateError, match="input files changed"):
         prepare(PrepareRequest(recipe, None, job, 2, fast_settings()))
-
-
-def edit_in_place(path: Path, old: bytes, new: bytes) -> None:
-    """Change bytes without changing the size or the modification time (`rsync --inplace --times`)."""
-    st = path.stat()
-    data = path.read_bytes()
-    assert len(old) == len(new) and old in data
-    path.write_bytes(data.replace(old, new, 1))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
 
 
 def prepare_cli(run_cli, recipe: Path, job: Path, *extra: str, shards: int = 2):

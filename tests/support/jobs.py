@@ -113,3 +113,13 @@ def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in errors[0], (fragment, errors[0])
     return errors[0]
+
+
+def edit_in_place(path: Path, old: bytes, new: bytes) -> None:
+    """Change bytes without changing the size or the modification time (`rsync --inplace --times`)."""
+    st = path.stat()
+    data = path.read_bytes()
+    assert len(old) == len(new) and old in data
+    path.write_bytes(data.replace(old, new, 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
