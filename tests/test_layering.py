@@ -56,3 +56,16 @@ def test_the_rule_is_not_vacuous():
     assert not _allowed("elastic_sharding.prepare.job", "elastic_sharding.finish.merge")
     assert not _allowed("elastic_sharding.finish.merge", "elastic_sharding.observe.status")
     assert _allowed("elastic_sharding.finish.retry", "elastic_sharding.observe.snapshot")
+
+
+def test_no_test_file_imports_another():
+    """Helpers live in tests/support/ (CONTRIBUTING.md): a test module is never a library."""
+    tests = Path(__file__).parent
+    wrong = []
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            wrong += [f"{path.relative_to(tests)} imports {name}" for name in names if name.split(".")[0].startswith("test_")]
+    assert wrong == []
