@@ -80,8 +80,9 @@ class UnsuitableFilesystem(ElasticShardError):
 
 @contextmanager
 def next_step(advice: str, *kinds: type[ElasticShardError]) -> Iterator[None]:
-    """Add what to do next to the errors of `kinds` a block raises: the checks deep inside know
-    what is wrong and where; the command that ran them knows what the user can do about it."""
+    """Add what to do next to the errors of `kinds` a block (or, as a decorator, a function)
+    raises: the checks deep inside know what is wrong and where; the command that ran them knows
+    what the user can do about it."""
     try:
         yield
     except kinds as exc:

@@ -94,8 +94,8 @@ class ShardScanner:
                 if record.status == ClaimStatus.FAILED:
                     return None, [shard_id]
                 continue
-            completed = confined.lexists(self.layout.done(shard_id))
             if record is None:
+                completed = confined.lexists(self.layout.done(shard_id))
                 state = shard_state(None, completed, not completed and confined.lexists(self.layout.failed(shard_id)))
                 if state == ShardState.DONE:
                     self.claims.try_claim(shard_id, status=ClaimStatus.DONE)
@@ -113,7 +113,7 @@ class ShardScanner:
                 continue
             unchanged = self.observer.unchanged_for(shard_id)
             self.observer.forget(shard_id)
-            if completed:
+            if confined.lexists(self.layout.done(shard_id)):
                 # Completed, but its owner died before recording it in the claim (P6 repair).
                 self.claims.repair_done(record, unchanged)
                 self.terminal[shard_id] = ClaimStatus.DONE

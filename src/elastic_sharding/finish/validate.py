@@ -52,13 +52,9 @@ SHARD_CHANGED = (
 )
 
 
+@next_step(SHARD_CHANGED, IntegrityError)
 def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> list[tuple[CompletionRecord, Path]]:
     """Every shard's completion record and output path, in manifest order; the job must be done."""
-    with next_step(SHARD_CHANGED, IntegrityError):
-        return _completed_outputs(layout, lock_timeout)
-
-
-def _completed_outputs(layout: JobLayout, lock_timeout: float | None) -> list[tuple[CompletionRecord, Path]]:
     manifest = layout.load_manifest()
     timeout = lock_timeout if lock_timeout is not None else manifest.request.settings.lock_timeout_secs
     views = job_views(layout, manifest, timeout)
@@ -168,17 +164,13 @@ def check_digest(source: Source, content: Content) -> None:
         explain_mismatch(source.record, source.path)
 
 
+@next_step(SHARD_CHANGED, IntegrityError)
 def validate_outputs(shards: list[tuple[CompletionRecord, Path]], quiet: bool = True) -> Trusted:
     """Hash every shard output (in parallel) and check it against its completion record.
 
     The record's sha256 was taken over a fully validated file when the shard was published, so a
     match proves every line is still that validated JSON object: one read, no per-line parsing.
     Only a mismatch re-reads the file, to say which line is wrong."""
-    with next_step(SHARD_CHANGED, IntegrityError):
-        return _validate_outputs(shards, quiet)
-
-
-def _validate_outputs(shards: list[tuple[CompletionRecord, Path]], quiet: bool) -> Trusted:
     block = BLOCK_SIZE
     with ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-verify") as pool:
         sources = sources_of(shards, pool)

@@ -187,12 +187,11 @@ def verify_output(
     layout: JobLayout,
     target: Path,
     directory: bool,
-    shards: list[tuple[CompletionRecord, Path]] | None = None,
+    shards: list[tuple[CompletionRecord, Path]],
     trusted: Trusted | None = None,
 ) -> PublishRecord:
-    """The published output at `target`, in either form, is the one merge.json describes."""
-    if shards is None:
-        shards = completed_outputs(layout)
+    """The published output at `target`, in either form, is the one merge.json describes
+    (`shards`: the job's completed outputs, already validated)."""
     with next_step(MERGED_CHANGED, IntegrityError):
         if directory:
             return verify_directory(layout, target, shards, trusted)

@@ -30,10 +30,11 @@ from elastic_sharding.claims.submission import (
 from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
 from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.observe.status import Status
+from elastic_sharding.observe.snapshot import job_views
+from elastic_sharding.observe.status import terminal_failures
 from elastic_sharding.prepare.cooperate import Assistant
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import PhaseResult
+from elastic_sharding.records import Manifest, PhaseResult
 from elastic_sharding.signals import on_stop_signals
 from elastic_sharding.vocabulary import ClaimStatus, ShardState
 from elastic_sharding.work.worker import Worker, WorkerOptions
@@ -175,7 +176,7 @@ class _Instance:
         if worker.stopping:
             raise Interrupted(worker.stopping)
         if code != EXIT_OK:
-            raise ElasticShardError(self._failure_summary() or "the worker failed")
+            raise ElasticShardError(self._failure_summary(worker.manifest) or "the worker failed")
 
     def _watch_abort(self, worker: Worker, stop: threading.Event) -> None:
         while not stop.wait(self.opts.poll_interval_secs):
@@ -187,8 +188,8 @@ class _Instance:
                 worker.request_stop(f"run {record.run_id} failed on host={record.host}: {record.reason}")
                 return
 
-    def _failure_summary(self) -> str | None:
-        return Status(self.layout.root).terminal_failures()
+    def _failure_summary(self, manifest: Manifest) -> str | None:
+        return terminal_failures(job_views(self.layout, manifest, manifest.request.settings.lock_timeout_secs))
 
     def _wait_for_completion(self) -> None:
         """Strict mode: a capped Worker waits for the others. Elastic: usually already complete."""
@@ -205,7 +206,7 @@ class _Instance:
                         continue
                     state, holder = _shard_state(self.layout, spec.shard_id)
                     if state == ShardState.FAILED:
-                        raise ElasticShardError(self._failure_summary() or f"{spec.shard_id} failed terminally")
+                        raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
                     if state == ShardState.DONE:
                         finished.add(spec.shard_id)
                         progress.update(1)

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 
+from elastic_sharding.children import child_env
 from elastic_sharding.claims.protocol import Claims, read_claim
 from elastic_sharding.errors import EXIT_OK, Interrupted
 from elastic_sharding.launch.steps import (
@@ -26,7 +27,6 @@ from elastic_sharding.launch.steps import (
     preflight_job,
     prepare_job,
     worker_command,
-    worker_env,
 )
 from elastic_sharding.observe.status import Status
 from elastic_sharding.signals import on_stop_signals
@@ -120,7 +120,7 @@ def run_local(req: JobRequest, workers: int, runner: str) -> int:
     message, _ = prepare_job(req)
     log.info("%s; starting %d local worker process(es)", message, workers)
     command = worker_command(req.layout.root, "--runner", runner, *_cpu_share(req, workers))
-    env = worker_env()
+    env = child_env({})
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for _ in range(workers):
         proc = subprocess.Popen(command, env=env, preexec_fn=drain_with_parent)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from elastic_sharding.children import child_env
 from elastic_sharding.errors import EXIT_OK, Interrupted, UsageError
 from elastic_sharding.launch.steps import (
     JobRequest,
@@ -22,7 +23,6 @@ from elastic_sharding.launch.steps import (
     preflight_job,
     prepare_job,
     worker_command,
-    worker_env,
 )
 from elastic_sharding.observe.status import Status
 from elastic_sharding.prepare.cooperate import JOIN_ENV
@@ -106,7 +106,7 @@ def run_mpi(
     # The workers start before the prepare and share it (cooperate.help_until_prepared):
     # prepare time falls with the number of nodes, not only with this node's cores.
     options = ["--runner", runner] + (["--max-shards", str(max_shards)] if max_shards else [])
-    env = {**worker_env(), JOIN_ENV: str(req.prepare_procs or 0)}
+    env = child_env({JOIN_ENV: str(req.prepare_procs or 0)})
     command = mpirun_command(mpirun, np, hostfile, mpirun_args, worker_command(req.layout.root, *options), env)
     log.info("starting %d worker(s), one per node, to share the prepare and then run: %s", np, " ".join(command))
     proc = subprocess.Popen(command, env=env)

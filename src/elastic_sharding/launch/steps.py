@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_sharding.children import child_env, set_parent_death_signal
+from elastic_sharding.children import set_parent_death_signal
 from elastic_sharding.destination import (
     check_target,
     inside_job,
@@ -168,10 +168,6 @@ def worker_command(job_dir: Path, *options: str) -> list[str]:
     """`elastic-shard worker` with this interpreter, runnable without the package installed."""
     level = logging.getLevelName(logging.getLogger("elastic_sharding").getEffectiveLevel())
     return [sys.executable, "-m", "elastic_sharding", "--log-level", str(level), "worker", "--job-dir", str(job_dir), *options]
-
-
-def worker_env() -> dict[str, str]:
-    return child_env({})
 
 
 def drain_with_parent() -> None:

@@ -97,6 +97,19 @@ def warm_text(op: WarmOperator) -> str:
     return f"{op.op}: {op.instances} instance(s), {op.loads} load(s){deaths}, all instances busy {busy}"
 
 
+def terminal_failures(views: list[ShardView]) -> str | None:
+    """The terminally failed shards in one line (at most three named), for a launcher's error;
+    `Status.errors` is the per-shard form, with each one's log."""
+    failed = [
+        f"{v.shard_id} failed {v.failure.failures} time(s), last on host={v.failure.host}: {v.failure.last_error}"
+        for v in views
+        if v.failure is not None
+    ]
+    if not failed:
+        return None
+    return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
+
+
 class Status:
     """One read of a job directory: shard states, attempts, and the metrics derived from them."""
 
@@ -199,17 +212,6 @@ class Status:
             for item in self.failures()
             if item["state"] == ShardState.FAILED or not failed_only
         ]
-
-    def terminal_failures(self) -> str | None:
-        """The terminally failed shards in one line (at most three named), for a launcher's error."""
-        failed = [
-            f"{v.shard_id} failed {v.failure.failures} time(s), last on host={v.failure.host}: {v.failure.last_error}"
-            for v in self.views
-            if v.failure is not None
-        ]
-        if not failed:
-            return None
-        return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
 
     def summary_line(self) -> str:
         parts = ", ".join(f"{n} {state}" for state, n in self.counts.items())
