@@ -4,6 +4,7 @@ one a single process writes (fast: no Data-Juicer, no Ray)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -11,6 +12,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from support.jobs import cli, fast_settings
 
 from elastic_sharding.errors import InputError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.prepare.cooperate import JOIN_ENV
+from elastic_sharding.prepare.cooperate import JOIN_ENV, PrepareDir
 from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.prepare.plan import UNIT_BYTES_ENV
 
@@ -236,6 +238,75 @@ def test_a_killed_prepare_is_resumed_by_the_next_one(tmp_path):
     assert "joining the prepare already under way" in err
     assert _job_bytes(job) == expected
     assert not (tmp_path / ".job.preparing").exists()
+
+
+def _leftovers(tmp_path: Path, job: str) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(f".{job}.preparing"))
+
+
+def _as_a_caching_node_sees_it(tmp_path: Path, job: str) -> None:
+    """What another node may show of a prepare that was just published and removed: the
+    staging directory still there (a cached entry, for up to the entry timeout), and an earlier
+    removal's leftover (a straggler's lock written into the directory while it was removed)."""
+    (tmp_path / f".{job}.preparing" / "stage").mkdir(parents=True)
+    straggler = tmp_path / f".{job}.preparing.removed-0123abcd" / "units"
+    straggler.mkdir(parents=True)
+    (straggler / "write-00001.lock").write_text("{}")
+
+
+def test_a_participant_that_finds_the_job_published_exits_with_it_and_sweeps(tmp_path):
+    """The job is published: a participant (a helper here) exits 0 with it, whatever else it
+    still sees of the prepare, and leaves nothing beside the job."""
+    dataset = _write(tmp_path / "d.jsonl", _rows(300))
+    _reference(tmp_path, dataset)
+    _as_a_caching_node_sees_it(tmp_path, "ref")
+    helper = subprocess.run(
+        [sys.executable, "-m", "elastic_sharding.prepare.cooperate", str(tmp_path / "ref")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert helper.returncode == 0, helper.stderr
+    assert _leftovers(tmp_path, "ref") == []
+
+
+def test_a_repeated_prepare_sweeps_what_the_last_one_left(tmp_path):
+    dataset = _write(tmp_path / "d.jsonl", _rows(300))
+    _reference(tmp_path, dataset)
+    _as_a_caching_node_sees_it(tmp_path, "ref")
+    recipe = tmp_path / "ref.yaml"
+    result = prepare(PrepareRequest(recipe, None, tmp_path / "ref", 5, fast_settings(), procs=1), quiet=True)
+    assert not result.created
+    assert _leftovers(tmp_path, "ref") == []
+
+
+def test_removing_the_prepare_directory_outlasts_a_writer_still_in_it(tmp_path):
+    """A straggler on another node writes into the directory through its cached entry while it is
+    removed (here: through a descriptor opened before): the removal goes on until it is gone."""
+    job = tmp_path / "job"
+    pdir = PrepareDir.of(job)
+    units = pdir.root / "units"
+    units.mkdir(parents=True)
+    for i in range(200):
+        (units / f"scan-{i:05d}.json").write_text("{}")
+    fd = os.open(units, os.O_RDONLY | os.O_DIRECTORY)
+    stop = threading.Event()
+
+    def straggle() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            with contextlib.suppress(OSError):
+                os.close(os.open(f".tmp-{n}", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+
+    writer = threading.Thread(target=straggle)
+    writer.start()
+    threading.Timer(0.5, stop.set).start()
+    try:
+        pdir.remove()
+    finally:
+        stop.set()
+        writer.join()
+        os.close(fd)
+    assert _leftovers(tmp_path, "job") == []
 
 
 # ---- compressed input ------------------------------------------------------------------------

@@ -150,6 +150,7 @@ PREPARE_POINTS = (
     "prepare-staged",
 )
 PREPARE_PHASES = ("scan", "cut", "write", "recipe", "final")
+PREPARE_EXIT_SECS = 90  # how long a participant may take to exit once the fault has been injected
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
 import json, os, sys
@@ -181,6 +182,14 @@ for shard in names(f"{job}/attempts"):
 print(json.dumps(out))
 """
 
+# Waits on a node until the job argv[1] has its manifest (or argv[2] seconds passed).
+PREPARE_PUBLISHED = r"""
+import os, sys, time
+manifest = os.path.join(sys.argv[1], "manifest.json")
+deadline = time.monotonic() + float(sys.argv[2])
+while not os.path.exists(manifest) and time.monotonic() < deadline:
+    time.sleep(0.005)
+"""
 # Waits on a node until pid argv[3] holds a unit of the prepare of job argv[1] whose name starts
 # with argv[2] and that is not done yet; prints the unit (or "timeout").
 PREPARE_WAIT = r"""
@@ -258,6 +267,29 @@ class Template:
     shards: int
     job: Path
     reference: bytes
+
+
+@dataclass
+class PrepareCase:
+    """One prepare-kill trial: what fault hits which participant, who takes part and where."""
+
+    shards: int
+    unit_bytes: int
+    fault: str  # "point" (a crash point), "kill" (SIGKILL) or "stop" (SIGSTOP for two leases)
+    point: str  # with "point": the crash point and its count, "prepare-write@1"
+    phase: str
+    alone: bool  # the victim prepares alone; a rerun finishes
+    victim: int
+    helpers: list[bool]  # per participant: the helper that joins (True) or `prepare` (False)
+    procs: list[int]  # per participant: --prepare-procs
+    placement: list[int]  # per participant, then the rerun: the node it runs on
+    same_host: bool
+    # Start the victim alone and the others once it holds a unit of `phase` (or is dead), so that
+    # it is the victim's unit that is taken over.
+    hold: bool
+    # With "stop": resume the victim after two leases, or the moment another node sees the job
+    # published (while the others remove the prepare directory it still has a view of).
+    resume_at_publish: bool = False
 
 
 @dataclass
@@ -894,6 +926,9 @@ class Harness:
 
     def trial_prepare_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         """A cooperative prepare on separate nodes, one participant killed (or frozen) in a phase."""
+        return self.prepare_case(name, log_dir, self.draw_prepare_case(rng), rng)
+
+    def draw_prepare_case(self, rng: random.Random) -> PrepareCase:
         ref = self.prepare_reference()
         shards = rng.choice(PREPARE_SHARDS)
         unit_bytes = rng.choice(PREPARE_UNIT_BYTES)
@@ -909,8 +944,7 @@ class Harness:
             point += f"@{rng.randint(1, max(1, min(3, share)))}"
         else:
             phase = rng.choice(PREPARE_PHASES)
-        # Everyone starts at once, except where the phase has one unit: then the others start
-        # once the victim holds it (or is dead), so that it is the victim's unit that is taken over.
+        # Everyone starts at once, except where the phase has one unit.
         hold = phase in ("cut", "recipe", "final") and not alone
         victim = 0 if hold or alone else rng.randrange(count)
         helpers = [False] + [rng.random() < 0.4 for _ in range(count - 1)]  # participant 0 makes the plan
@@ -922,14 +956,22 @@ class Harness:
         same_host = rng.random() < 0.3  # a survivor (or the rerun) on the victim's node: no lease wait
         if same_host:
             placement[(victim + 1) % count if count > 1 else count] = placement[victim]
+        return PrepareCase(shards, unit_bytes, fault, point, phase, alone, victim, helpers, procs, placement, same_host, hold)
+
+    def prepare_case(self, name: str, log_dir: Path, case: PrepareCase, rng: random.Random) -> Outcome:
+        """Run `case`; `rng` draws only the moment of a signal and the checks after it."""
+        shards, fault, point, phase, alone = case.shards, case.fault, case.point, case.phase, case.alone
+        victim, helpers, procs, placement = case.victim, case.helpers, case.procs, case.placement
+        count, hold = len(helpers), case.hold
         what = {"point": f"at {point}", "kill": f"SIGKILL in {phase}", "stop": f"SIGSTOP in {phase}"}[fault]
         roles = "".join("h" if h else "p" for h in helpers)
         outcome = Outcome(
-            "prepare-kill", f"{roles}[{victim}] {what}" + (", rerun" if alone else "") + (", same host" if same_host else "")
+            "prepare-kill",
+            f"{roles}[{victim}] {what}" + (", rerun" if alone else "") + (", same host" if case.same_host else ""),
         )
         job = self.cluster.mount / name / "job"
         self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
-        env = {UNIT_BYTES_ENV: str(unit_bytes)}
+        env = {UNIT_BYTES_ENV: str(case.unit_bytes)}
         logs = [log_dir / f"participant-{i}.log" for i in range(count + 1)]
         started: list[subprocess.Popen] = []
 
@@ -951,12 +993,16 @@ class Harness:
         # published it before dying at prepare-final-done); one that finds no prepare at all exits 1.
         finished = target.returncode == 0
         started += [start(i) for i in range(len(started), count)]
-        if stopped:
+        if stopped and case.resume_at_publish:
+            survivor = self.node(placement[(victim + 1) % count])
+            survivor.run([PY, "-c", PREPARE_PUBLISHED, str(job), str(PREPARE_EXIT_SECS)], timeout=PREPARE_EXIT_SECS + 30)
+        elif stopped:
             time.sleep(2 * PREPARE_LEASE + 1)
+        if stopped:
             with contextlib.suppress(ProcessLookupError):
                 target.send_signal(signal.SIGCONT)
             outcome.counts["prepare_stalls"] += 1
-        codes = [wait(proc, 90) for proc in started]
+        codes = [wait(proc, PREPARE_EXIT_SECS) for proc in started]
         killed = codes[victim] == -signal.SIGKILL
         if killed:
             outcome.counts["prepare_kills"] += 1
@@ -967,13 +1013,13 @@ class Harness:
         ]
         outcome.check(
             all(code == 0 for code in survivors),
-            f"participants exited {codes} (None: still running after 90 s): "
+            f"participants exited {codes} (None: still running after {PREPARE_EXIT_SECS} s): "
             + " | ".join(f"{i}: {last_line(logs[i].read_text(errors='replace'))}" for i, c in enumerate(codes) if c not in (0, -9)),
         )  # fmt: skip
         if alone or not any(code == 0 for code in survivors):
             outcome.counts["prepare_reruns"] += 1
             rerun = self._participant(self.node(placement[count]), job, shards, logs[count], False, 1, env)
-            code = wait(rerun, 90)
+            code = wait(rerun, PREPARE_EXIT_SECS)
             outcome.check(code == 0, f"the rerun prepare exited {code}: {last_line(logs[count].read_text(errors='replace'))}")
         outcome.counts["prepare_takeovers"] += sum(
             log.read_text(errors="replace").count("prepare: took over") for log in logs if log.exists()

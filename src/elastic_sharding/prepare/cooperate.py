@@ -13,9 +13,17 @@ taken over at once. A unit's result depends only on the plan, never on who compu
 fenced straggler that publishes late can only lose the create-once race to identical bytes.
 
 Everything lives in `.<job>.preparing/` beside the job directory; the job itself is built in its
-`stage/` and renamed onto the job directory by the final unit, after which the rest is removed.
-A prepare killed at any point leaves that directory, and the next prepare of the same request
-(or any waiting participant) carries on from the units already done.
+`stage/` and renamed onto the job directory by the final unit. A prepare killed at any point
+leaves that directory, and the next prepare of the same request (or any waiting participant)
+carries on from the units already done.
+
+The end of the directory's life: once `manifest.json` exists in the job directory, nothing in
+`.<job>.preparing/` has a use, and every participant on its way out sweeps it away (and whatever
+an earlier removal left). Participants still at work meanwhile (a fenced straggler, a poller on a
+node whose name cache still shows the old directory) may find their records gone, or write into
+the directory being removed: a participant whose view breaks waits, up to `SETTLE_SECS`, for the
+job to show as published, and then exits with the job like everyone else; and since each one
+sweeps only after its own writers have stopped, the last one out leaves nothing.
 """
 
 from __future__ import annotations
@@ -46,12 +54,20 @@ from elastic_sharding.records import PrepareFailure, PreparePlan, UnitClaim, dec
 log = logging.getLogger(__name__)
 
 SCAN, CUT, WRITE, RECIPE, FINAL = "scan", "cut", "write", "recipe", "final"
+# How long another node's publish or removal may take to show here (a NAS client's name cache:
+# GlusterFS's default entry timeout is 1 s) before a participant believes what it sees.
+SETTLE_SECS = fsops.STALE_HANDLE_SECS
 _LABELS = {SCAN: "pass 1/2", WRITE: "pass 2/2"}
 
 
 class Gone(Exception):
-    """The prepare directory disappeared: the job was published, or the prepare failed and was
-    cleaned up by the process that reported it."""
+    """The prepare directory disappeared (or changed) under this participant and no published job
+    showed within `SETTLE_SECS`: the prepare was abandoned, or failed and was cleaned up by the
+    process that reported it."""
+
+
+class Stopped(Gone):
+    """This participant was asked to stop (`stop()`)."""
 
 
 class PrepareDir(PrepareLayout):
@@ -62,16 +78,44 @@ class PrepareDir(PrepareLayout):
         return cls(preparing_dir(job_root), job_root)
 
     def published(self) -> bool:
-        return (self.job_root / "manifest.json").is_file() and not confined.lexists(self.stage)
+        """The job is published: its manifest is in the job directory. Nothing else is asked of
+        the prepare directory, which another node may still show for a moment after it is gone."""
+        return confined.kind(self.job_root / "manifest.json") == "file"
 
     def read_plan(self) -> PreparePlan | None:
         return fsops.read_record(self.plan, lambda data: decode(PreparePlan, data, self.plan))
 
     def remove(self) -> None:
         """Rename away first, so that nobody joins a directory half removed."""
-        moved = self.root.with_name(f"{self.root.name}.removed-{new_token()[:8]}")
+        moved = self.root.with_name(f"{self.root.name}{REMOVED}{new_token()[:8]}")
         if fsops.rename_away(self.root, moved):
-            shutil.rmtree(moved, ignore_errors=True)
+            _remove_tree(moved)
+
+    def sweep(self) -> None:
+        """Once the job is published: remove this prepare's directory and whatever an earlier
+        removal left (a straggler's heartbeat or temporary file written into it meanwhile)."""
+        if not self.published():
+            return
+        self.remove()
+        prefix = f"{self.root.name}{REMOVED}"
+        with contextlib.suppress(FileNotFoundError):
+            for name, kind in confined.list_dir(self.root.parent).items():
+                if name.startswith(prefix) and kind == "dir":
+                    _remove_tree(self.root.parent / name)
+
+
+REMOVED = ".removed-"
+
+
+def _remove_tree(path: Path) -> None:
+    """rmtree that outlasts a writer racing it: a file created in a directory while it is being
+    removed makes its rmdir fail, so go again until the tree is gone (or `SETTLE_SECS` passed)."""
+    deadline = time.monotonic() + SETTLE_SECS
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        if not confined.lexists(path) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def unit_names(plan: PreparePlan) -> dict[str, list[str]]:
@@ -127,6 +171,15 @@ class _UnitKeeper(LeaseKeeper):
         return None
 
 
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    """Which directory `path` names now: a prepare directory removed and made anew is another."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -153,51 +206,91 @@ class Participant:
         self.observer = StalenessObserver(plan.lease_secs)
         self.units_done = 0
         self._lost: str | None = None
+        self._dir_id = _dir_id(pdir.root)
 
-    def run(self, write_phase: Callable[[], None] | None = None) -> None:
-        """Take part until the job is published (returns), a participant failed (raises its
-        error), or the directory is gone (`Gone`). `write_phase` replaces `self.write_phase`."""
+    def run(
+        self, first: str | None = None, write_phase: Callable[[], None] | None = None, then: Callable[[], None] = lambda: None
+    ) -> None:
+        """Take part until the job is published: then sweep what is left of the prepare and
+        return. Raises the error a participant published, `Gone` if the directory vanished and no
+        job showed, `Stopped` if asked to stop. `first` names a one-unit phase to do before
+        anything else if nobody has it (the prepare's starter takes the recipe unit first);
+        `then` runs after it (the recipe's warnings, once Data-Juicer accepted it); `write_phase`
+        replaces `self.write_phase`."""
+        try:
+            try:
+                self._take_part(first, write_phase or self.write_phase, then)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ESTALE):
+                    raise
+                raise Gone from None
+        except Stopped:
+            raise
+        except Gone:
+            # This participant's view broke (a record or the directory vanished): most likely
+            # another one published the job and removed it, which shows here only once this
+            # node's name cache expires.
+            if not self._settle():
+                raise Gone from None
+        self.pdir.sweep()
+
+    def _take_part(self, first: str | None, write_phase: Callable[[], None], then: Callable[[], None]) -> None:
         names = unit_names(self.plan)
         work = self.work
+        if first is not None:
+            (name,) = names[first]
+            if not self.pdir.result(name).exists():
+                token = self._try_claim(name)
+                if token is not None:
+                    self._do(first, name, token, lambda _name: getattr(work, first)())
+        then()
         self._phase(SCAN, names[SCAN], lambda name: work.scan(int(name.split("-")[1])))
         self._phase(CUT, names[CUT], lambda name: work.cut())
-        (write_phase or self.write_phase)()
+        write_phase()
         self._phase(RECIPE, names[RECIPE], lambda name: work.recipe())
         self._phase(FINAL, names[FINAL], lambda name: work.final())
-        if self.pdir.published():
-            self.pdir.remove()
-            return
         while not self.pdir.published():
             self._check()
             time.sleep(self.plan.poll_secs)
 
-    def take_first(self, phase: str) -> None:
-        """Do the unit of a one-unit phase now if nobody has it (the prepare's starter does the
-        recipe unit before anything else); otherwise leave it to `run`."""
-        (name,) = unit_names(self.plan)[phase]
-        if self.pdir.result(name).exists():
-            return
-        token = self._try_claim(name)
-        if token is not None:
-            self._do(phase, name, token, lambda _name: getattr(self.work, phase)())
+    def _settle(self, secs: float = SETTLE_SECS, moved_is_gone: bool = False) -> bool:
+        """Wait up to `secs` for the outcome another participant decides: True once the job
+        shows as published; raises a published failure; False when `secs` passed without either.
+        With `moved_is_gone`, a prepare directory no longer the one this participant joined
+        raises `Gone` at once (`_fail` then leaves the verdict to `run`)."""
+        deadline = time.monotonic() + secs
+        while not self.pdir.published():
+            if moved_is_gone and _dir_id(self.pdir.root) != self._dir_id:
+                raise Gone
+            failed = self._published_failure()
+            if failed is not None:
+                raise failed
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(self.plan.poll_secs, 0.1))
+        return True
 
     def write_phase(self) -> None:
         work = self.work
         self._phase(WRITE, unit_names(self.plan)[WRITE], lambda name: work.write(int(name.split("-")[1])))
 
+    def _published_failure(self) -> ElasticShardError | None:
+        try:
+            failed = fsops.read_record(self.pdir.failed, lambda data: decode(PrepareFailure, data, self.pdir.failed))
+        except (OSError, ValueError):
+            return None
+        return failure_error(failed) if failed is not None else None
+
     def _check(self) -> None:
         if self.pdir.published():
-            # Whoever sees the job published removes what is left of its prepare: the final
-            # unit's owner may have died between publishing the job and removing this directory.
-            self.pdir.remove()
             raise Gone
-        failed = fsops.read_record(self.pdir.failed, lambda data: decode(PrepareFailure, data, self.pdir.failed))
+        failed = self._published_failure()
         if failed is not None:
-            raise failure_error(failed)
-        if not self.pdir.root.is_dir():
+            raise failed
+        if _dir_id(self.pdir.root) != self._dir_id:
             raise Gone
         if self.stop():
-            raise Gone
+            raise Stopped
 
     def _phase(self, phase: str, names: list[str], do: Callable[[str], bytes]) -> None:
         label = _LABELS.get(phase)
@@ -258,6 +351,8 @@ class Participant:
             self._lost = reason
             log.warning("prepare: lost %s: %s", name, reason)
 
+        if self.pdir.result(name).exists():
+            return True  # claimed just as its previous owner published it
         self._lost = None
         keeper = _UnitKeeper(self.pdir, name, token, self.plan.heartbeat_secs, self.plan.lease_secs, lost)
         try:
@@ -269,20 +364,14 @@ class Participant:
             crashpoints.reached(f"prepare-{phase}")
             try:
                 result = do(name)
-            except ElasticShardError as exc:
-                if not self.pdir.root.is_dir() or self.pdir.published():
-                    # A straggler whose records vanished (a record "missing"): the others published
-                    # the job and removed the directory meanwhile. Not a failure of the prepare.
-                    raise Gone from None
-                self._publish_failure(exc)
-                raise
             except Gone:
                 raise
+            except ElasticShardError as exc:
+                self._fail(exc, suspect=isinstance(exc, errors.JobStateError))
+                raise
             except OSError as exc:
-                if not self.pdir.root.is_dir() or self.pdir.published():
-                    raise Gone from None
                 failure = ElasticShardError(f"prepare failed: {exc}")
-                self._publish_failure(failure)
+                self._fail(failure, suspect=True)
                 raise failure from exc
             crashpoints.reached(f"prepare-{phase}-done")
         finally:
@@ -295,6 +384,16 @@ class Participant:
             raise Gone from None
         self.units_done += 1
         return True
+
+    def _fail(self, failure: ElasticShardError, suspect: bool) -> None:
+        """Publish `failure` for every participant, unless it is only this participant's view
+        that broke (`Gone`). A record that reads missing or a filesystem error (`suspect`) is
+        believed only if the directory is still the one this participant joined once
+        `SETTLE_SECS` have passed: on another node, the publish and removal that caused it show
+        only when the name cache expires."""
+        if self._settle(SETTLE_SECS if suspect else 0.0, moved_is_gone=True):
+            raise Gone
+        self._publish_failure(failure)
 
     def _publish_failure(self, exc: ElasticShardError) -> None:
         record = PrepareFailure(error=type(exc).__name__, message=str(exc), host=self.host, pid=self.pid)
@@ -354,6 +453,7 @@ def join(job_root: Path, stop: Callable[[], bool] = lambda: False, wait_secs: fl
         if plan is not None:
             break
         if pdir.published():
+            pdir.sweep()
             return True
         if time.monotonic() >= deadline or stop():
             return False
@@ -361,14 +461,10 @@ def join(job_root: Path, stop: Callable[[], bool] = lambda: False, wait_secs: fl
     try:
         Participant(pdir, plan, UnitWork(pdir, plan), stop).run()
     except Gone:
-        return pdir.published()
+        return False
     except ElasticShardError as exc:
         log.info("prepare failed (reported by the participant that met it): %s", exc)
         return False
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ESTALE) or not pdir.root.is_dir():
-            return pdir.published()
-        raise
     return True
 
 

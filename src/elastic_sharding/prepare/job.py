@@ -98,7 +98,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     existing = check_existing(job, request, dataset, verify_content, quiet)
     if existing is not None:
         log.info("job %s is already prepared with this exact request: nothing to do", job.root)
-        _remove_finished(PrepareDir.of(job.root))
+        PrepareDir.of(job.root).sweep()
         return PrepareResult(existing, created=False)
 
     kind, root, files = discover(dataset)
@@ -124,7 +124,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     if existing is not None:
         stop_helpers(procs_started, wait_secs=0)
         log.info("job %s was prepared meanwhile with this exact request: nothing to do", job.root)
-        _remove_finished(pdir)
+        pdir.sweep()
         return PrepareResult(existing, created=False)
     log.info(
         "preparing %s: %d input file(s), %d byte(s) in %d scan unit(s), %d shard(s), %d process(es) here",
@@ -137,20 +137,21 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     )
     participant = Participant(pdir, plan, UnitWork(pdir, plan), quiet=quiet)
     try:
-        try:
-            # Data-Juicer's judgement of the recipe (seconds of imports) first, while the
-            # helpers and any other participant already scan.
-            participant.take_first(RECIPE)
-            for warning in recipe.warnings:
-                log.warning("%s", warning)
-            participant.run(write_phase=lambda: _write_shards(participant))
-        except Gone:
-            if not pdir.published():
-                raise JobStateError(f"the prepare of {job.root} was abandoned by another process; run prepare again") from None
-    except BaseException as exc:
+        # Data-Juicer's judgement of the recipe (seconds of imports) first, while the helpers and
+        # any other participant already scan.
+        participant.run(
+            first=RECIPE,
+            write_phase=lambda: _write_shards(participant),
+            then=lambda: _log_warnings(recipe.warnings),
+        )
+    except Gone:
         stop_helpers(procs_started, wait_secs=0)
-        if not isinstance(exc, Gone):
-            pdir.remove()
+        raise JobStateError(f"the prepare of {job.root} was abandoned by another process; run prepare again") from None
+    except BaseException:
+        # A failure (this process's, or the one another participant published), or an interrupt:
+        # the prepare directory is removed; the other participants then fail or stop too.
+        stop_helpers(procs_started, wait_secs=0)
+        pdir.remove()
         raise
     stop_helpers(procs_started)
     manifest = job.load_manifest()
@@ -167,11 +168,9 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     return PrepareResult(manifest, created=True)
 
 
-def _remove_finished(pdir: PrepareDir) -> None:
-    """What a prepare whose job is published left beside it (its final unit's owner died before
-    removing it)."""
-    if pdir.root.is_dir() and pdir.published():
-        pdir.remove()
+def _log_warnings(warnings: list[str]) -> None:
+    for warning in warnings:
+        log.warning("%s", warning)
 
 
 def usable_cores() -> int:
