@@ -69,6 +69,7 @@ class Sizes:
     hetero_slowdown: float
     claim_shards: int
     claim_workers: int
+    many_shards: tuple[int, int]  # the smaller (baseline) and larger shard counts of many_shards
     repeats: int  # prepare and merge are short: median of this many interleaved runs
     warm_ops_shards: int
     warm_ops_rows_per_shard: int
@@ -816,6 +817,65 @@ def measure_claims(b: Bench, s: Sizes) -> list[Result]:
                 "prepare_secs": prepare_secs,
             },
         )
+    ]
+
+
+# -- many shards -----------------------------------------------------------------------------------
+
+MANY_SHARDS_PREPARE_MS, MANY_SHARDS_PREPARE_GROWTH = 3.0, 1.3
+MANY_SHARDS_CLAIMS, MANY_SHARDS_CLAIMS_DROP, MANY_SHARDS_WORKERS = 100.0, 1.5, 2
+
+
+def measure_many_shards(b: Bench, s: Sizes) -> list[Result]:
+    """Bookkeeping at many shards: tiny rows (2 per shard), so that prepare and the claim loop
+    measure nothing but their per-shard cost. Each figure at the larger count is set against the
+    same figure at the smaller one, measured in this run: what grows with the shard count shows
+    as a ratio above 1."""
+    figures = {}
+    for shards in s.many_shards:
+        d = b.work / f"many-{shards}"
+        data = write_tiny_dataset(d / "input.jsonl", shards * 2)
+        recipe = write_recipe(d / "recipe.yaml", data, d / "unused.jsonl", CPU_OPS)
+        job = d / "job"
+        prepare_secs = _prepare(b, f"many-{shards}-prepare", recipe, data, job, shards)
+        progress(f"many_shards: {MANY_SHARDS_WORKERS} passthrough workers, {shards} shards")
+        workers = [b.start(f"many-{shards}-worker{k}", _passthrough(job)) for k in range(MANY_SHARDS_WORKERS)]
+        b.wait(workers, "many_shards workers")
+        records = completions(job)
+        if len(records) != shards:
+            raise RuntimeError(f"many_shards: {len(records)} completions for {shards} shards")
+        figures[shards] = (prepare_secs, span(records))
+    small, large = s.many_shards
+    (prep_small, claims_small), (prep_large, claims_large) = figures[small], figures[large]
+    ms_small, ms_large = 1000 * prep_small / small, 1000 * prep_large / large
+    rate_small, rate_large = small / claims_small, large / claims_large
+    growth, drop = ms_large / ms_small, rate_small / rate_large
+    details = {"shards": list(s.many_shards), "workers": MANY_SHARDS_WORKERS, "prepare_secs": [prep_small, prep_large]}
+    return [
+        Result(
+            name="many_shards_prepare",
+            label=f"prepare per shard, tiny rows: {large:,} shards vs {small:,}",
+            ours_secs=prep_large,
+            baseline_secs=prep_small,
+            ratio=growth,
+            value=ms_large,
+            unit="ms/shard",
+            target=f"<= {MANY_SHARDS_PREPARE_MS:g} ms/shard, <= {MANY_SHARDS_PREPARE_GROWTH}x",
+            met=ms_large <= MANY_SHARDS_PREPARE_MS and growth <= MANY_SHARDS_PREPARE_GROWTH,
+            details={**details, "ms_per_shard": [ms_small, ms_large]},
+        ),
+        Result(
+            name="many_shards_claims",
+            label=f"claims/s, {MANY_SHARDS_WORKERS} passthrough workers: {large:,} shards vs {small:,} (ratio: the drop)",
+            ours_secs=claims_large,
+            baseline_secs=claims_small,
+            ratio=drop,
+            value=rate_large,
+            unit="claims/s",
+            target=f">= {MANY_SHARDS_CLAIMS:g} claims/s, <= {MANY_SHARDS_CLAIMS_DROP}x",
+            met=rate_large >= MANY_SHARDS_CLAIMS and drop <= MANY_SHARDS_CLAIMS_DROP,
+            details={**details, "claims_per_sec": [rate_small, rate_large], "claim_phase_secs": [claims_small, claims_large]},
+        ),
     ]
 
 

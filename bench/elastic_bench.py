@@ -29,6 +29,7 @@ from bench_measures import (
     measure_hetero,
     measure_io,
     measure_job_dir,
+    measure_many_shards,
     measure_overhead,
     measure_shard_cost,
     measure_warm_ops,
@@ -52,6 +53,7 @@ DEFAULT = Sizes(
     hetero_slowdown=3.0,
     claim_shards=2000,
     claim_workers=8,
+    many_shards=(1000, 20000),
     repeats=3,
     warm_ops_shards=12,
     warm_ops_rows_per_shard=20,
@@ -67,6 +69,7 @@ QUICK = dataclasses.replace(
     overhead_shards=3,
     hetero_shards=6,
     claim_shards=400,
+    many_shards=(100, 1000),
     repeats=1,
     warm_ops_shards=6,
     warm_ops_process_shards=3,  # a dj-process and a model load per shard: fewer, to stay quick
@@ -91,6 +94,8 @@ NAMES = (
     "merge",
     "merge_dir",
     "claims",
+    "many_shards_prepare",
+    "many_shards_claims",
     "warm_ops_actor",
     "warm_ops_task",
     "shard_cost",
@@ -101,6 +106,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "hetero": ("hetero_dynamic", "hetero_static"),
     "warm_ops": ("warm_ops_actor", "warm_ops_task"),
     "io": IO_NAMES,
+    "many_shards": ("many_shards_prepare", "many_shards_claims"),
 }
 
 
@@ -127,6 +133,8 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, lambda b, s, n=names: measure_io(b, s, n)))
     if names := want("claims"):
         plan.append((names, measure_claims))
+    if want("many_shards_prepare", "many_shards_claims"):
+        plan.append((("many_shards_prepare", "many_shards_claims"), measure_many_shards))
     if want("warm_ops_actor", "warm_ops_task"):
         plan.append((("warm_ops_actor", "warm_ops_task"), measure_warm_ops))
     if names := want("shard_cost"):

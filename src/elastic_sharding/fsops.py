@@ -176,7 +176,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_temp(target: Path, data: bytes) -> Path:
+def _write_temp(target: Path, data: bytes, durable: bool = True) -> Path:
     tmp = _temp_name(target)
     with reported_as(target, "creating a temporary file for it", tmp):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
@@ -186,7 +186,8 @@ def _write_temp(target: Path, data: bytes) -> Path:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -232,9 +233,11 @@ def publish_once(target: Path, data: bytes) -> bool:
     return created
 
 
-def replace_atomic(target: Path, data: bytes) -> None:
-    """Replace `target` with `data` in one step: readers see the old or the new content."""
-    tmp = _write_temp(target, data)
+def replace_atomic(target: Path, data: bytes, durable: bool = True) -> None:
+    """Replace `target` with `data` in one step: readers see the old or the new content.
+    `durable=False` skips both fsyncs, for a record that has no use after a crash of its writer's
+    node (a heartbeat: stale by then anyway); readers still see a whole record."""
+    tmp = _write_temp(target, data, durable)
     try:
         with reported_as(target, "rename() of its temporary file", tmp):
             os.replace(tmp, target)
@@ -242,7 +245,8 @@ def replace_atomic(target: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(target.parent)
+    if durable:
+        fsync_dir(target.parent)
 
 
 def rename_away(source: Path, destination: Path) -> bool:
@@ -335,13 +339,13 @@ class AtomicOutput:
     create-once, so an interrupted writer never leaves a partial file under the final name.
     """
 
-    def __init__(self, target: Path, replace: bool = True):
+    def __init__(self, target: Path, replace: bool = True, buffering: int = 1 << 20):
         self.target = target
         self.replace = replace
         self.tmp = _temp_name(target)
         with reported_as(target, "creating a temporary file for it", self.tmp):
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
-        self.file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
+        self.file: BinaryIO = os.fdopen(fd, "wb", buffering=buffering)
         self._done = False
 
     def write(self, data: bytes) -> None:
@@ -355,7 +359,8 @@ class AtomicOutput:
         with reported_as(self.target, "writing its temporary file"):
             self.file.flush()
 
-    def commit(self) -> bool:
+    def commit(self, sync_dir: bool = True) -> bool:
+        """`sync_dir=False`: the caller fsyncs the directory once for several files."""
         with reported_as(self.target, "writing its temporary file"):
             self.file.flush()
             os.fsync(self.file.fileno())
@@ -367,7 +372,8 @@ class AtomicOutput:
             created = True
         else:
             created = _link_once(self.tmp, self.target)
-        fsync_dir(self.target.parent)
+        if sync_dir:
+            fsync_dir(self.target.parent)
         return created
 
     def abort(self) -> None:

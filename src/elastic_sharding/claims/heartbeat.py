@@ -82,7 +82,7 @@ class LeaseKeeper(threading.Thread):
         beat = Heartbeat(
             token=self.token, seq=self.seq, wall_time=time.time(), phase=self.phase, pid=os.getpid(), **self.progress
         )
-        fsops.replace_atomic(self.path, encode(beat))
+        fsops.replace_atomic(self.path, encode(beat), durable=False)  # liveness, not state
 
     def check(self) -> str | None:
         raise NotImplementedError

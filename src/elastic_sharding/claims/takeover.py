@@ -25,6 +25,9 @@ from elastic_sharding.vocabulary import ClaimStatus, ShardState
 
 log = logging.getLogger(__name__)
 
+# Near the end of the manifest, how many shards past the last claim the tail rule reads at least.
+TAIL_WINDOW = 32
+
 
 class StalenessObserver:
     """Judges claims stale by watching their heartbeat not change, on this process's own clock."""
@@ -68,9 +71,19 @@ class ShardScanner:
         self.on_done = on_done  # a shard found done: its attempts' leftovers may be swept
         self.observer = StalenessObserver(lease_secs)
         self.terminal: dict[str, str] = {}
+        self._failed: dict[str, None] = {}  # the terminally failed among them, in the order found
+        self._first = 0  # shards before it are all terminal: a pass starts here
+        self.position = 0  # where the last pass claimed (or ended)
+        self.running_seen = 0  # other workers' running claims the last pass read before `position`
 
     def failed(self) -> list[str]:
-        return [shard for shard, status in self.terminal.items() if status == ClaimStatus.FAILED]
+        return list(self._failed)
+
+    def mark_terminal(self, shard_id: str, status: str) -> None:
+        """Remember a shard found (or made) terminal: no pass reads its claim again."""
+        self.terminal[shard_id] = status
+        if status == ClaimStatus.FAILED:
+            self._failed[shard_id] = None
 
     def all_terminal(self) -> bool:
         return len(self.terminal) == len(self.shard_ids)
@@ -80,8 +93,13 @@ class ShardScanner:
         failed = self.failed()
         if failed:
             return None, failed
-        for shard_id in self.shard_ids:
+        self.running_seen = 0
+        for at in range(self._first, len(self.shard_ids)):
+            shard_id = self.shard_ids[at]
+            self.position = at
             if shard_id in self.terminal:
+                if at == self._first:
+                    self._first += 1
                 continue
             try:
                 record = read_claim(self.layout, shard_id)
@@ -89,7 +107,7 @@ class ShardScanner:
                 log.warning("unreadable claim of %s (%s); skipping it this round", shard_id, exc)
                 continue
             if record is not None and record.status != ClaimStatus.RUNNING:
-                self.terminal[shard_id] = record.status
+                self.mark_terminal(shard_id, record.status)
                 self.observer.forget(shard_id)
                 if record.status == ClaimStatus.FAILED:
                     return None, [shard_id]
@@ -99,24 +117,25 @@ class ShardScanner:
                 state = shard_state(None, completed, not completed and confined.lexists(self.layout.failed(shard_id)))
                 if state == ShardState.DONE:
                     self.claims.try_claim(shard_id, status=ClaimStatus.DONE)
-                    self.terminal[shard_id] = ClaimStatus.DONE
+                    self.mark_terminal(shard_id, ClaimStatus.DONE)
                     self.on_done(shard_id)  # its publisher died before recording it
                     continue
                 if state == ShardState.FAILED:
-                    self.terminal[shard_id] = ClaimStatus.FAILED
+                    self.mark_terminal(shard_id, ClaimStatus.FAILED)
                     return None, [shard_id]
                 claim = self.claims.try_claim(shard_id)
                 if claim is not None:
                     return self._within_retry_limit(claim)
                 continue
             if not self._stale(record):
+                self.running_seen += (record.host, record.pid) != (self.claims.host, self.claims.pid)
                 continue
             unchanged = self.observer.unchanged_for(shard_id)
             self.observer.forget(shard_id)
             if confined.lexists(self.layout.done(shard_id)):
                 # Completed, but its owner died before recording it in the claim (P6 repair).
                 self.claims.repair_done(record, unchanged)
-                self.terminal[shard_id] = ClaimStatus.DONE
+                self.mark_terminal(shard_id, ClaimStatus.DONE)
                 self.on_done(shard_id)  # it may also have died before its sweep
                 continue
             if self.claims.take_over(record, unchanged):
@@ -124,6 +143,28 @@ class ShardScanner:
                 if claim is not None:
                     return self._within_retry_limit(claim)
         return None, self.failed()
+
+    def in_the_tail(self) -> bool:
+        """Fewer unclaimed shards than busy workers, from where the last pass claimed on: a
+        shard claimed ahead now would wait for this worker while another one goes idle. Never
+        lists a directory: far from the end of the manifest it reads nothing (a worker holds at
+        most two claims, so there are more shards left than busy workers could hold); near it,
+        it reads the claims that are left, at most `TAIL_WINDOW` plus two per running claim."""
+        if len(self.shard_ids) - self.position > TAIL_WINDOW + 2 * self.running_seen:
+            return False
+        unclaimed, busy = 0, self.running_seen
+        for shard_id in self.shard_ids[self.position :]:
+            if shard_id in self.terminal:
+                continue
+            try:
+                record = read_claim(self.layout, shard_id)
+            except ValueError:
+                continue
+            if record is None:
+                unclaimed += 1
+            elif record.status == ClaimStatus.RUNNING:
+                busy += 1
+        return unclaimed < busy
 
     def _stale(self, record: ClaimRecord) -> bool:
         heartbeat = read_claim_heartbeat(self.layout, record)
@@ -141,5 +182,5 @@ class ShardScanner:
             return claim, []
         log.error("%s failed %d time(s) (limit %d retries): marking it failed", claim.shard_id, failures, self.max_retries)
         self.claims.mark_failed_terminal(claim, failures, last_attempt, last_error)
-        self.terminal[claim.shard_id] = ClaimStatus.FAILED
+        self.mark_terminal(claim.shard_id, ClaimStatus.FAILED)
         return None, [claim.shard_id]

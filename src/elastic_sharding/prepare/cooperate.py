@@ -118,11 +118,17 @@ def _remove_tree(path: Path) -> None:
         time.sleep(0.05)
 
 
+def write_range(plan: PreparePlan, unit: int) -> range:
+    """The shards write unit `unit` writes."""
+    first = unit * plan.shards_per_write
+    return range(first, min(plan.num_shards, first + plan.shards_per_write))
+
+
 def unit_names(plan: PreparePlan) -> dict[str, list[str]]:
     return {
         SCAN: [f"scan-{i:05d}" for i in range(len(plan.units))],
         CUT: ["cut"],
-        WRITE: [f"write-{i:05d}" for i in range(plan.num_shards)],
+        WRITE: [f"write-{i:05d}" for i in range(-(-plan.num_shards // plan.shards_per_write))],
         RECIPE: ["recipe"],
         FINAL: ["final"],
     }
@@ -300,10 +306,9 @@ class Participant:
                 self._check()
                 progressed = False
                 still = []
-                for name in pending:
-                    if progressed:
-                        still.append(name)
-                        continue
+                # One unit per pass, from the first still pending: those before it are held by
+                # other participants; those after it are not looked at until the next pass.
+                for at, name in enumerate(pending):
                     if self.pdir.result(name).exists():
                         continue
                     token = self._try_claim(name)
@@ -313,6 +318,8 @@ class Participant:
                     if not self._do(phase, name, token, do):
                         still.append(name)
                     progressed = True
+                    still += pending[at + 1 :]
+                    break
                 bar.update(len(pending) - len(still))
                 pending = still
                 if pending and not progressed:

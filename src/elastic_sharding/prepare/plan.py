@@ -32,6 +32,10 @@ from elastic_sharding.records import FORMAT_VERSION, PreparePlan, Request, encod
 log = logging.getLogger(__name__)
 
 UNIT_BYTES = 64 << 20
+# A write unit covers shards of about this many input bytes in all (at least one shard): where
+# shards are tiny, the unit's own cost (claim, heartbeat, result, fsyncs) stays small beside them.
+WRITE_UNIT_BYTES = 4 << 20
+MAX_SHARDS_PER_WRITE = 256  # and few enough per unit that every participant still gets units
 UNIT_BYTES_ENV = "ELASTIC_SHARD_PREPARE_UNIT_BYTES"
 
 
@@ -121,7 +125,15 @@ def make_plan(
         manifest=manifest,
         recipe_text=recipe_bytes.decode(),
         recipe_base=str(recipe_base),
+        shards_per_write=shards_per_write(sum(sizes), request.num_shards, unit_bytes),
     )
+
+
+def shards_per_write(input_bytes: int, num_shards: int, unit_bytes: int) -> int:
+    """How many shards one write unit writes: shards of about `WRITE_UNIT_BYTES` of input in
+    all (or of one scan unit where scan units are smaller), and at least one."""
+    per_shard = max(1, input_bytes // max(1, num_shards))
+    return max(1, min(num_shards, MAX_SHARDS_PER_WRITE, min(unit_bytes, WRITE_UNIT_BYTES) // per_shard))
 
 
 def open_plan(pdir: PrepareDir, plan: PreparePlan) -> PreparePlan:

@@ -16,6 +16,9 @@ from elastic_sharding.errors import InputError
 from elastic_sharding.prepare.jsonl import Offload, line_too_long
 
 
+DIRECT_BYTES = 64 << 10
+
+
 class ShardWriter:
     """Writes one shard; lines are batched into large blocks whose writing and hashing run on
     the offload thread. Published create-once: a second writer of the same shard (after a
@@ -25,7 +28,9 @@ class ShardWriter:
 
     def __init__(self, path: Path, offload: Offload):
         self.offload = offload
-        self.out = fsops.AtomicOutput(path, replace=False)
+        # Blocks arrive whole (`FLUSH_BYTES`), past any buffer; a small one keeps the shards of a
+        # write unit, held open until they are committed together, cheap.
+        self.out = fsops.AtomicOutput(path, replace=False, buffering=1 << 16)
         self.sha = hashlib.sha256()
         self.rows = 0
         self.bytes = 0
@@ -40,17 +45,26 @@ class ShardWriter:
 
     def _flush(self) -> None:
         if self.pending:
-            self.offload.submit(_write_block, self.out, b"".join(self.pending), self.sha)
+            block = b"".join(self.pending)
+            if self.pending_bytes < DIRECT_BYTES:  # a tiny shard: the hand-off would cost more
+                self.offload.drain()
+                _write_block(self.out, block, self.sha)
+            else:
+                self.offload.submit(_write_block, self.out, block, self.sha)
         self.rows += len(self.pending)
         self.bytes += self.pending_bytes
         self.pending = []
         self.pending_bytes = 0
 
     def finish(self) -> tuple[int, int, str]:
+        """Every line written to the temporary file; `commit` publishes it."""
         self._flush()
         self.offload.drain()
-        self.out.commit()
+        self.out.flush()
         return self.rows, self.bytes, self.sha.hexdigest()
+
+    def commit(self, sync_dir: bool = True) -> None:
+        self.out.commit(sync_dir)
 
     def abort(self) -> None:
         self.out.abort()

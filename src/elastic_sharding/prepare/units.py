@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,10 @@ from elastic_sharding import crashpoints, fsops
 from elastic_sharding.engine import engine_identity
 from elastic_sharding.errors import InputError, JobStateError, RecipeError, UsageError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.prepare.cooperate import PrepareDir
+from elastic_sharding.prepare.cooperate import WRITE, PrepareDir, unit_names, write_range
 from elastic_sharding.prepare.fingerprints import sha256_concatenated
 from elastic_sharding.prepare.inputs import relpath, stat_input
-from elastic_sharding.prepare.jsonl import HashingLineReader, Offload, parse_object
+from elastic_sharding.prepare.jsonl import BLOCK_SIZE, HashingLineReader, Offload, parse_object
 from elastic_sharding.prepare.normalize import RowNormalizer, SchemaNode
 from elastic_sharding.prepare.recipe import load_recipe
 from elastic_sharding.prepare.scan import digits, read_blob, scan_pieces, unit_blob
@@ -44,13 +45,15 @@ from elastic_sharding.records import (
     ShardCut,
     ShardSpec,
     ShardWritten,
+    WriteDone,
     encode,
     from_dict,
     load,
     shard_id_for,
 )
 
-MAX_MARKS = 1 << 16  # rows of cumulative weights held at once while placing a shard boundary
+MIN_READ = 1 << 12  # the smallest read of a write unit's segment
+COMMIT_THREADS = 16
 
 
 class UnitWork:
@@ -61,6 +64,8 @@ class UnitWork:
         self.plan = plan
         self.files = [Path(f) for f in plan.files]
         self.stage = JobLayout(pdir.stage)
+        self._cut_result: PrepareCuts | None = None
+        self._reach: tuple[int, Any] | None = None  # a scan unit's cumulative row weights
 
     def _normalizer(self) -> RowNormalizer:
         return RowNormalizer(tuple(self.plan.media_keys), self.plan.index_key, ROW_KEY)
@@ -70,7 +75,11 @@ class UnitWork:
         return load(ScanResult, path)
 
     def _cuts(self) -> PrepareCuts:
-        return load(PrepareCuts, self.pdir.result("cut"))
+        """The cut unit's result, read and decoded once per process (every write unit and the
+        final unit need it; it grows with the shard count)."""
+        if self._cut_result is None:
+            self._cut_result = load(PrepareCuts, self.pdir.result("cut"))
+        return self._cut_result
 
     # ---- scan -------------------------------------------------------------------------------
 
@@ -197,90 +206,117 @@ class UnitWork:
         if unit >= len(ends):
             return unit_first[-1] - 1
         rows = unit_first[unit + 1] - unit_first[unit]
-        _, weights, added = read_blob(self.pdir.blob(f"scan-{unit:05d}"), rows)
-        cumulative = ends[unit] - unit_weights[unit]
-        for lo in range(0, rows, MAX_MARKS):
-            hi = min(rows, lo + MAX_MARKS)
-            part = weights[lo:hi].astype(np.int64)
+        if self._reach is None or self._reach[0] != unit:
+            # The thresholds rise, so successive boundaries mostly fall in the same unit: its
+            # cumulative weights are computed once, not once per shard.
+            _, weights, added = read_blob(self.pdir.blob(f"scan-{unit:05d}"), rows)
+            part = weights.astype(np.int64)
             if self.plan.index_key is not None:
-                part += added[lo:hi] * (digits(unit_first[unit] + lo, hi - lo) - 1)
-            sums = np.cumsum(part) + cumulative
-            at = int(np.searchsorted(sums, threshold, side="left"))
-            if at < hi - lo:
-                return unit_first[unit] + lo + at
-            cumulative = int(sums[-1])
-        return unit_first[unit + 1] - 1
+                part += added * (digits(unit_first[unit], rows) - 1)
+            self._reach = (unit, np.cumsum(part) + (ends[unit] - unit_weights[unit]))
+        at = int(np.searchsorted(self._reach[1], threshold, side="left"))
+        return unit_first[unit] + at if at < rows else unit_first[unit + 1] - 1
 
     # ---- write ------------------------------------------------------------------------------
 
-    def write(self, index: int) -> bytes:
-        """Pass two for one shard: re-read its rows, write them normalized in the schema's shape."""
+    def write(self, unit: int) -> bytes:
+        """Pass two for the shards of write unit `unit`."""
         cuts = self._cuts()
+        shape = SchemaNode.unflatten(cuts.schema).shaper() or (lambda row: row)
+        normalize = self._normalizer().normalize
+        blobs: dict[int, Any] = {}
+        written: list[tuple[ShardWritten, ShardWriter]] = []
+        try:
+            with Offload() as offload:
+                for index in write_range(self.plan, unit):
+                    written.append(self._write_shard(index, cuts, shape, normalize, blobs, offload))
+            # Synced and published together, the fsyncs in parallel: a journaling filesystem
+            # commits concurrent syncs together and a NAS client pipelines them, so a unit of many
+            # tiny shards costs a few syncs' time, not one each.
+            with ThreadPoolExecutor(min(COMMIT_THREADS, len(written)), thread_name_prefix="elastic-sync") as pool:
+                for done in [pool.submit(writer.commit, False) for _, writer in written]:
+                    done.result()
+        except BaseException:
+            for _, writer in written:
+                writer.abort()
+            raise
+        fsops.fsync_dir(self.stage.shards_dir)  # once for the unit's shards, before its result
+        return encode(WriteDone(socket.gethostname(), os.getpid(), [shard for shard, _ in written]))
+
+    def _write_shard(
+        self, index: int, cuts: PrepareCuts, shape: Any, normalize: Any, blobs: dict[int, Any], offload: Offload
+    ) -> tuple[ShardWritten, ShardWriter]:
+        """Pass two for one shard: re-read its rows, write them normalized in the schema's shape,
+        into a temporary file the caller commits."""
         cut = cuts.shards[index]
         plan = self.plan
-        schema = SchemaNode.unflatten(cuts.schema)
-        shape = schema.shaper() or (lambda row: row)
-        normalize = self._normalizer().normalize
         dumps = orjson.dumps
         max_shard_line = plan.max_line + 1  # with its newline
         shard_id = shard_id_for(index, plan.num_shards)
-        blobs: dict[int, Any] = {}
         row_index = cut.first_row
-        with Offload() as offload:
-            writer = ShardWriter(self.stage.shards_dir / f"{shard_id}.jsonl", offload)
-            try:
-                for file in sorted({plan.units[unit][piece][0] for unit, piece, *_ in cut.segments}):
-                    stat_input(self.files[file])
-                for unit, piece, in_unit, in_piece, count in cut.segments:
-                    file, start, _ = plan.units[unit][piece]
-                    path = self.files[file]
-                    if unit not in blobs:
-                        blobs[unit] = read_blob(self.pdir.blob(f"scan-{unit:05d}"), self._scan_result(unit).rows)[0]
-                    lengths = blobs[unit]
-                    piece_start = in_unit - in_piece
-                    offset = cuts.piece_offsets[unit][piece] + int(lengths[piece_start:in_unit].sum()) + in_piece
-                    line0 = cuts.piece_lines[unit][piece] + in_piece
-                    reader = HashingLineReader(
-                        path, offload, max_line=plan.max_line, start=offset, first_line=line0, hashing=False
-                    )
-                    left = count
-                    at = in_unit
-                    for first, lines in reader.blocks():
-                        for lineno, line in enumerate(lines, first):
-                            if len(line) != lengths[at]:
-                                raise InputError(
-                                    "changed while prepare was reading it; rerun prepare when the input is stable", path, lineno
-                                )
-                            row = normalize(parse_object(line, path, lineno), plan.base, row_index, path, lineno)
-                            shaped = {ROW_KEY: row_index}
-                            shaped.update(shape(row))
-                            out = dumps(shaped) + b"\n"
-                            if len(out) > max_shard_line:
-                                raise ShardLineTooLong(len(out) - 1, plan.max_line, path, lineno)
-                            writer.add(out)
-                            row_index += 1
-                            at += 1
-                            left -= 1
-                            if not left:
-                                break
+        writer = ShardWriter(self.stage.shards_dir / f"{shard_id}.jsonl", offload)
+        try:
+            for file in sorted({plan.units[unit][piece][0] for unit, piece, *_ in cut.segments}):
+                stat_input(self.files[file])
+            for unit, piece, in_unit, in_piece, count in cut.segments:
+                file, start, _ = plan.units[unit][piece]
+                path = self.files[file]
+                if unit not in blobs:
+                    blobs[unit] = read_blob(self.pdir.blob(f"scan-{unit:05d}"), self._scan_result(unit).rows)[0]
+                lengths = blobs[unit]
+                piece_start = in_unit - in_piece
+                offset = cuts.piece_offsets[unit][piece] + int(lengths[piece_start:in_unit].sum()) + in_piece
+                line0 = cuts.piece_lines[unit][piece] + in_piece
+                # Read about what the segment holds, not a whole block: a tiny shard must not
+                # cost a read of 8 MB of its neighbours' rows.
+                need = int(lengths[in_unit : in_unit + count].sum()) + count + 1
+                reader = HashingLineReader(
+                    path,
+                    offload,
+                    block_size=min(BLOCK_SIZE, max(need, MIN_READ)),
+                    max_line=plan.max_line,
+                    start=offset,
+                    first_line=line0,
+                    hashing=False,
+                )
+                left = count
+                at = in_unit
+                for first, lines in reader.blocks():
+                    for lineno, line in enumerate(lines, first):
+                        if len(line) != lengths[at]:
+                            raise InputError(
+                                "changed while prepare was reading it; rerun prepare when the input is stable", path, lineno
+                            )
+                        row = normalize(parse_object(line, path, lineno), plan.base, row_index, path, lineno)
+                        shaped = {ROW_KEY: row_index}
+                        shaped.update(shape(row))
+                        out = dumps(shaped) + b"\n"
+                        if len(out) > max_shard_line:
+                            raise ShardLineTooLong(len(out) - 1, plan.max_line, path, lineno)
+                        writer.add(out)
+                        row_index += 1
+                        at += 1
+                        left -= 1
                         if not left:
                             break
-                    if left:
-                        raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", path)
-                spec = writer.finish()
-            except ShardLineTooLong as exc:
-                writer.abort()
-                raise exc.error() from None
-            except InputError as exc:
-                writer.abort()
-                if "while prepare was reading it" in str(exc):
-                    raise
-                raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
-            except BaseException:
-                writer.abort()
+                    if not left:
+                        break
+                if left:
+                    raise InputError("lost rows while prepare was reading it; rerun prepare when the input is stable", path)
+            spec = writer.finish()
+        except ShardLineTooLong as exc:
+            writer.abort()
+            raise exc.error() from None
+        except InputError as exc:
+            writer.abort()
+            if "while prepare was reading it" in str(exc):
                 raise
+            raise InputError(f"{exc} (the input changed while prepare was reading it?)") from None
+        except BaseException:
+            writer.abort()
+            raise
         rows, size, sha = spec
-        return encode(ShardWritten(index, socket.gethostname(), os.getpid(), rows, size, sha))
+        return ShardWritten(index, rows, size, sha), writer
 
     # ---- recipe -----------------------------------------------------------------------------
 
@@ -330,9 +366,12 @@ class UnitWork:
                     chunks=digests if chunked else [],
                 )
             )
+        writes = [load(WriteDone, self.pdir.result(name)) for name in unit_names(plan)[WRITE]]
+        shards_written = [shard for done in writes for shard in done.shards]
+        if [w.index for w in shards_written] != list(range(plan.num_shards)):
+            raise JobStateError(f"{self.pdir.units}: the write units' results do not cover every shard once; prepare a new --job-dir")
         specs = []
-        for k, cut in enumerate(cuts.shards):
-            written = load(ShardWritten, self.pdir.result(f"write-{k:05d}"))
+        for k, (cut, written) in enumerate(zip(cuts.shards, shards_written)):
             shard_id = shard_id_for(k, plan.num_shards)
             specs.append(
                 ShardSpec(shard_id, k, f"shards/{shard_id}.jsonl", cut.first_row, written.rows, written.bytes, written.sha256)
@@ -355,7 +394,7 @@ class UnitWork:
             normalized_sha256=normalized,
             shards=[dataclasses.asdict(s) for s in specs],
             warnings=[*fields.get("warnings", []), *cuts.warnings],
-            prepared_by=self._participants(scans, plan.num_shards),
+            prepared_by=self._participants(scans, writes),
         )
         manifest = from_dict(Manifest, fields, "manifest")
         # Every write unit is done: a temporary file left in shards/ is a partial shard of a writer
@@ -372,11 +411,8 @@ class UnitWork:
             )
         return b"{}\n"
 
-    def _participants(self, scans: list[ScanResult], shards: int) -> list[str]:
-        who = {f"{r.host}:{r.pid}" for r in scans}
-        for k in range(shards):
-            written = load(ShardWritten, self.pdir.result(f"write-{k:05d}"))
-            who.add(f"{written.host}:{written.pid}")
+    def _participants(self, scans: list[ScanResult], writes: list[WriteDone]) -> list[str]:
+        who = {f"{r.host}:{r.pid}" for r in (*scans, *writes)}
         who.add(f"{socket.gethostname()}:{os.getpid()}")
         return sorted(who)
 

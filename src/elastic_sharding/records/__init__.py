@@ -45,6 +45,7 @@ from elastic_sharding.records.prepare import (
     ScanResult,
     ShardCut,
     ShardWritten,
+    WriteDone,
     UnitClaim,
 )
 from elastic_sharding.records.submission import Outcome, PhaseLock, PhaseResult, RunRecord
@@ -97,5 +98,6 @@ __all__ = [
     "ScanResult",
     "ShardCut",
     "ShardWritten",
+    "WriteDone",
     "UnitClaim",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from elastic_sharding.records.codec import SHARD_ID_RE
 from elastic_sharding.settings import Settings
 
 
@@ -69,7 +70,9 @@ class Manifest:
     prepared_by: list[str] = field(default_factory=list)  # host:pid of every process that did a prepare unit
 
     def shard(self, shard_id: str) -> ShardSpec:
-        for spec in self.shards:
-            if spec.shard_id == shard_id:
-                return spec
+        """The spec of `shard_id`, found by the index its id names (no scan of 20,000 specs)."""
+        match = SHARD_ID_RE.match(shard_id)
+        index = int(match.group(1)) if match else -1
+        if 0 <= index < len(self.shards) and self.shards[index].shard_id == shard_id:
+            return self.shards[index]
         raise KeyError(shard_id)

@@ -28,6 +28,7 @@ class PreparePlan:
     manifest: dict[str, Any]  # the manifest's fields known before the scan (request, recipe, engine...)
     recipe_text: str
     recipe_base: str  # where the recipe's relative paths resolve from, for its `recipe` unit
+    shards_per_write: int = 1  # shards one write unit writes (several where shards are tiny)
 
 
 @dataclass
@@ -82,11 +83,18 @@ class PrepareCuts:
 @dataclass
 class ShardWritten:
     index: int
-    host: str
-    pid: int
     rows: int
     bytes: int
     sha256: str
+
+
+@dataclass
+class WriteDone:
+    """A write unit's result: the shards it wrote, in order."""
+
+    host: str
+    pid: int
+    shards: list[ShardWritten]
 
 
 @dataclass

@@ -274,7 +274,7 @@ class AttemptSteps:
         log.error("  log: %s", files["log"])
         if failures > self.settings.max_retries:
             self.claims.mark_failed_terminal(claim, failures, last_attempt, error)
-            self.scanner.terminal[claim.shard_id] = ClaimStatus.FAILED
+            self.scanner.mark_terminal(claim.shard_id, ClaimStatus.FAILED)
         else:
             self.claims.release(claim)
 

@@ -11,16 +11,15 @@ end of the job (fewer unclaimed shards than busy workers) nothing is claimed ahe
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.records import Manifest, ShardSpec
 
 if TYPE_CHECKING:
+    from elastic_sharding.claims.takeover import ShardScanner
     from elastic_sharding.work.attempt import Staged
     from elastic_sharding.work.runners import Runner
     from elastic_sharding.work.worker import Worker, WorkerOptions
@@ -84,6 +83,7 @@ class ClaimAhead:
     options: WorkerOptions
     runner: Runner
     overlaps: bool
+    scanner: ShardScanner
     claimed: int
     staged: Staged | None
     stopping: str | None
@@ -106,19 +106,9 @@ class ClaimAhead:
             self.runner.begin(self.staged.ctx)  # type: ignore[attr-defined]
 
     def _in_the_tail(self) -> bool:
-        """Fewer unclaimed shards than busy workers: a shard held ahead here would wait for this
-        worker while another one goes idle, so the end of the job is left to plain claiming.
-        Two directory listings, no record reads."""
-
-        def names(directory: Path) -> set[str]:
-            try:
-                return set(os.listdir(directory))
-            except FileNotFoundError:
-                return set()
-
-        claimed = names(self.layout.locks_dir)
-        busy = len(claimed - names(self.layout.done_dir) - names(self.layout.failed_dir))
-        return len(self.manifest.shards) - len(claimed) < busy
+        """Fewer unclaimed shards than busy workers (`ShardScanner.in_the_tail`): the end of the
+        job is left to plain claiming."""
+        return self.scanner.in_the_tail()
 
     def drop_staged(self, why: str) -> None:
         """Hand a claimed-ahead shard back at once; it never started."""

@@ -1,0 +1,202 @@
+"""Bookkeeping that does not grow with the shard count: what prepare decodes per write unit, and
+what a claim costs in filesystem metadata operations, counted (never timed) at two shard counts.
+
+The timed figures at 1,000 and 20,000 shards are `bench/run --only many_shards`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from support.fakes import FakeRunner
+from support.jobs import fast_settings, sample_rows, write_jsonl
+
+from elastic_sharding.claims.protocol import Claims
+from elastic_sharding.claims.takeover import ShardScanner
+from elastic_sharding.layout import JobLayout
+from elastic_sharding.prepare.job import PrepareRequest, prepare
+from elastic_sharding.prepare.plan import UNIT_BYTES_ENV
+from elastic_sharding.records import PrepareCuts, PreparePlan, codec
+from elastic_sharding.vocabulary import ClaimStatus
+from elastic_sharding.work.worker import Worker, WorkerOptions
+
+RECIPE = "dataset_path: {dataset}\nprocess:\n  - whitespace_normalization_mapper:\n"
+
+
+def _prepare(tmp_path: Path, shards: int) -> Path:
+    dataset = write_jsonl(tmp_path / f"in-{shards}.jsonl", sample_rows(2 * shards))
+    recipe = tmp_path / f"r-{shards}.yaml"
+    recipe.write_text(RECIPE.format(dataset=dataset))
+    job = tmp_path / f"job-{shards}"
+    prepare(PrepareRequest(recipe, None, job, shards, fast_settings(), procs=1), quiet=True)
+    return job
+
+
+@pytest.mark.parametrize("shards", [40, 400])
+def test_prepare_decodes_the_cut_once_whatever_the_shard_count(tmp_path, monkeypatch, shards):
+    """One process: every write unit and the final unit need the cut, which grows with the shard
+    count; decoding it per unit made prepare quadratic (issue 29). Tiny shards also share write
+    units."""
+    decoded: Counter = Counter()
+    real = codec.from_dict
+
+    def counting(cls, data, where="record"):
+        decoded[cls.__name__] += 1
+        return real(cls, data, where)
+
+    monkeypatch.setattr(codec, "from_dict", counting)
+    job = _prepare(tmp_path, shards)
+    assert len(JobLayout(job).load_manifest().shards) == shards
+    assert decoded[PrepareCuts.__name__] == 1, decoded
+
+
+class MetadataOps:
+    """Counts the filesystem metadata operations this process makes under `root`: opens,
+    renames, links, removals, directory creations (audit events), stats, and every directory
+    entry a listing returns (a listing of 20,000 claims is 20,000 entries' work on a NAS)."""
+
+    EVENTS = ("open", "os.rename", "os.link", "os.remove", "os.rmdir", "os.mkdir", "os.symlink")
+
+    def __init__(self, root: Path):
+        self.root = str(root)
+        self.count = 0
+        self.on = False
+
+    def _under(self, path) -> bool:
+        return isinstance(path, (str, bytes, os.PathLike)) and os.fsdecode(path).startswith(self.root)
+
+    def audit(self, event: str, args: tuple) -> None:
+        if self.on and event in self.EVENTS and args and self._under(args[0]):
+            self.count += 1
+
+    @contextmanager
+    def counting(self, monkeypatch):
+        real_stat, real_lstat, real_listdir, real_scandir = os.stat, os.lstat, os.listdir, os.scandir
+
+        def stat(path, *a, **k):
+            self.count += self.on and self._under(path)
+            return real_stat(path, *a, **k)
+
+        def lstat(path, *a, **k):
+            self.count += self.on and self._under(path)
+            return real_lstat(path, *a, **k)
+
+        def listdir(path=".", *a, **k):
+            names = real_listdir(path, *a, **k)
+            if self.on and (self._under(path) or isinstance(path, int)):
+                self.count += 1 + len(names)
+            return names
+
+        def scandir(path=".", *a, **k):
+            entries = list(real_scandir(path, *a, **k))
+            if self.on and (self._under(path) or isinstance(path, int)):
+                self.count += 1 + len(entries)
+            return _Entries(entries)
+
+        for name, fn in (("stat", stat), ("lstat", lstat), ("listdir", listdir), ("scandir", scandir)):
+            monkeypatch.setattr(os, name, fn)
+        self.on = True
+        try:
+            yield self
+        finally:
+            self.on = False
+
+
+class _Entries(list):
+    """A listing that is also the context manager `os.scandir` returns."""
+
+    def __enter__(self):
+        return iter(self)
+
+    def __exit__(self, *exc):
+        return False
+
+    def close(self) -> None:
+        """Nothing is held open."""
+
+
+_HOOKED: list[MetadataOps] = []
+
+
+def _ops_for(root: Path) -> MetadataOps:
+    """Audit hooks cannot be removed: one is installed per session and pointed at each test's counter."""
+    ops = MetadataOps(root)
+    if not _HOOKED:
+        sys.addaudithook(lambda event, args: _HOOKED[-1].audit(event, args))
+    _HOOKED.append(ops)
+    return ops
+
+
+def _ops_per_claim(job: Path, monkeypatch) -> float:
+    """A worker and another claimer take turns over the whole job: the worker's pass, its
+    claim-ahead decision, and the terminal status of each shard it claimed, per claim."""
+    worker = Worker(job, WorkerOptions(), runner=FakeRunner())
+    layout = worker.layout
+    ids = [spec.shard_id for spec in worker.manifest.shards]
+    other = ShardScanner(layout, ids, Claims(layout, "other-host", 1), 60.0, 1, lambda shard: None)
+    ops = _ops_for(layout.root)
+    claims = 0
+    with ops.counting(monkeypatch):
+        while True:
+            theirs, _ = other.next_claim()
+            if theirs is not None:
+                other.claims.finish(theirs, ClaimStatus.DONE)
+            mine, _ = worker.scan()
+            if mine is None:
+                break
+            claims += 1
+            worker._in_the_tail()
+            worker.claims.finish(mine, ClaimStatus.DONE)
+    assert claims >= len(ids) // 2 - 1
+    return ops.count / claims
+
+
+def test_a_claim_costs_the_same_metadata_operations_at_any_shard_count(tmp_path, monkeypatch):
+    """Far from the end of the job, a claim reads what it claims and what other workers run now,
+    never a listing of every claim (issue 29: claims/s halved from 2,000 to 20,000 shards)."""
+    small = _ops_per_claim(_prepare(tmp_path, 40), monkeypatch)
+    large = _ops_per_claim(_prepare(tmp_path, 400), monkeypatch)
+    assert large <= small * 1.25, f"{small:.1f} metadata operations per claim at 40 shards, {large:.1f} at 400"
+
+
+@pytest.mark.parametrize("point", ["prepare-write@2", "prepare-write-done@1"])
+def test_a_write_unit_of_several_shards_is_taken_over_whole(tmp_path, point):
+    """Tiny shards share write units; a participant killed inside one (before its work, or after
+    writing every shard of it but before its result) costs that unit, and the job is the one a
+    single process writes."""
+    rows = sample_rows(600)
+    dataset = write_jsonl(tmp_path / "in.jsonl", rows)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(dataset=dataset))
+    env = {**os.environ, UNIT_BYTES_ENV: "2048"}
+
+    def start(job: Path, **extra: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "elastic_sharding", "prepare", "--config", str(recipe), "--job-dir", str(job)]
+        argv += ["--num-shards", "60", "--prepare-procs", "1", "--lock-timeout-secs", "2", "--poll-interval-secs", "0.05"]
+        return subprocess.Popen(argv, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    reference = start(tmp_path / "ref")
+    assert reference.wait(timeout=120) == 0, reference.stderr.read()
+    job = tmp_path / "job"
+    victim = start(job, ELASTIC_SHARD_CRASH_AT=point)
+    assert victim.wait(timeout=120) == -9
+    recorded = codec.decode(PreparePlan, (tmp_path / ".job.preparing" / "plan.json").read_bytes(), "plan")
+    assert 1 < recorded.shards_per_write < 60  # several shards per write unit, several units
+    survivor = start(job)
+    _, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 0, err
+
+    def shards(root: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted((root / "shards").iterdir())}
+
+    assert shards(job) == shards(tmp_path / "ref")
+    manifest, expected = JobLayout(job).load_manifest(), JobLayout(tmp_path / "ref").load_manifest()
+    assert [dataclasses.astuple(s) for s in manifest.shards] == [dataclasses.astuple(s) for s in expected.shards]
+    assert not (tmp_path / ".job.preparing").exists()
