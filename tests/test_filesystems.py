@@ -355,3 +355,22 @@ def test_an_output_on_an_rclone_mount_is_refused_up_front_unless_merge_may_renam
     here = tmp_path / "merged-here.jsonl"
     assert run_cli("merge", "--job-dir", str(done_job), "--output", str(here)).returncode == 0
     assert output.read_bytes() == here.read_bytes()
+
+
+def test_a_temporary_name_that_exists_already_is_replaced_by_another(tmp_path, monkeypatch):
+    """A NAS client that retried a create whose reply was lost reports our own new temporary
+    file as existing (GlusterFS under load): that one is removed, another name taken."""
+    real = os.open
+    retried: list[str] = []
+
+    def retrying_client(path, flags, *args, **kwargs):
+        if flags & os.O_EXCL and not retried:
+            retried.append(str(path))
+            os.close(real(path, flags, *args, **kwargs))
+            raise FileExistsError(17, "File exists", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", retrying_client)
+    assert fsops.publish_once(tmp_path / "record.json", b"{}\n")
+    assert retried and (tmp_path / "record.json").read_bytes() == b"{}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]

@@ -176,10 +176,26 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _create_temp(target: Path) -> tuple[Path, int]:
+    """A new temporary file beside `target`, open for writing. Its name is random, so one that
+    "exists" was created by this very call: a NAS client retried a create whose reply was lost
+    (seen on GlusterFS under load, seed 84113 trial 130). That one is removed, and another name
+    taken."""
+    for attempt in range(3):
+        tmp = _temp_name(target)
+        try:
+            with reported_as(target, "creating a temporary file for it", tmp):
+                return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _write_temp(target: Path, data: bytes, durable: bool = True) -> Path:
-    tmp = _temp_name(target)
-    with reported_as(target, "creating a temporary file for it", tmp):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
+    tmp, fd = _create_temp(target)
     try:
         with reported_as(target, "writing its temporary file"):
             view = memoryview(data)
@@ -342,9 +358,7 @@ class AtomicOutput:
     def __init__(self, target: Path, replace: bool = True, buffering: int = 1 << 20):
         self.target = target
         self.replace = replace
-        self.tmp = _temp_name(target)
-        with reported_as(target, "creating a temporary file for it", self.tmp):
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
+        self.tmp, fd = _create_temp(target)
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=buffering)
         self._done = False
 
