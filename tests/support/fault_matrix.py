@@ -72,7 +72,7 @@ import orjson  # noqa: E402
 from elastic_sharding.finish.merge import merge  # noqa: E402
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
 from elastic_sharding.prepare.job import PrepareRequest, prepare  # noqa: E402
-from elastic_sharding.prepare.plan import UNIT_BYTES_ENV, shards_per_write  # noqa: E402
+from elastic_sharding.prepare.plan import UNIT_BYTES_ENV, write_units  # noqa: E402
 from elastic_sharding.records import Settings  # noqa: E402
 from elastic_sharding.work.worker import Worker, WorkerOptions  # noqa: E402
 from support.cluster import Cluster, Node, cluster_available  # noqa: E402
@@ -945,8 +945,7 @@ class Harness:
         if fault == "point":
             point = rng.choice(PREPARE_POINTS)
             phase = point.split("-")[1]
-            writes = -(-shards // shards_per_write(ref.size, shards, unit_bytes))
-            share = {"scan": units, "write": writes}.get(phase, count) // count
+            share = {"scan": units, "write": write_units(ref.size, shards, unit_bytes)}.get(phase, count) // count
             point += f"@{rng.randint(1, max(1, min(3, share)))}"
         else:
             phase = rng.choice(PREPARE_PHASES)

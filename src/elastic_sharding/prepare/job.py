@@ -21,7 +21,7 @@ from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import RECIPE, Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
 from elastic_sharding.prepare.inputs import check_existing, check_locations, discover, stat_input
-from elastic_sharding.prepare.plan import configured_unit_bytes, make_plan, open_plan, plan_units, shards_per_write
+from elastic_sharding.prepare.plan import configured_unit_bytes, make_plan, open_plan, plan_units, write_units
 from elastic_sharding.prepare.recipe import read_recipe, read_resolved
 from elastic_sharding.prepare.units import UnitWork
 from elastic_sharding.records import Manifest, Request
@@ -106,7 +106,7 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     units = plan_units(files, [st.st_size for st in stats], configured_unit_bytes())
     total = sum(st.st_size for st in stats)
     procs = req.procs or usable_cores()
-    writes = -(-req.num_shards // shards_per_write(total, req.num_shards, configured_unit_bytes()))
+    writes = write_units(total, req.num_shards, configured_unit_bytes())
     # A small input is not worth a helper's start-up, unless it is many shards' bookkeeping.
     small = total < configured_unit_bytes() // 2 and writes < 2
     helpers = 0 if small else max(0, min(procs, max(len(units), writes)) - 1)

@@ -129,6 +129,11 @@ def make_plan(
     )
 
 
+def write_units(input_bytes: int, num_shards: int, unit_bytes: int) -> int:
+    """How many write units a plan of these sizes has."""
+    return -(-num_shards // shards_per_write(input_bytes, num_shards, unit_bytes))
+
+
 def shards_per_write(input_bytes: int, num_shards: int, unit_bytes: int) -> int:
     """How many shards one write unit writes: shards of about `WRITE_UNIT_BYTES` of input in
     all (or of one scan unit where scan units are smaller), and at least one."""
