@@ -52,6 +52,7 @@ from elastic_sharding.records import (
     shard_id_for,
 )
 
+MAX_MARKS = 1 << 16  # rows of cumulative weights held at once while placing a shard boundary
 MIN_READ = 1 << 12  # the smallest read of a write unit's segment
 COMMIT_THREADS = 16
 
@@ -65,7 +66,8 @@ class UnitWork:
         self.files = [Path(f) for f in plan.files]
         self.stage = JobLayout(pdir.stage)
         self._cut_result: PrepareCuts | None = None
-        self._reach: tuple[int, Any] | None = None  # a scan unit's cumulative row weights
+        # Where the last shard boundary was found: scan unit, its blob, chunk start, weight before it.
+        self._reach: tuple[int, Any, int, int] | None = None
 
     def _normalizer(self) -> RowNormalizer:
         return RowNormalizer(tuple(self.plan.media_keys), self.plan.index_key, ROW_KEY)
@@ -208,14 +210,22 @@ class UnitWork:
         rows = unit_first[unit + 1] - unit_first[unit]
         if self._reach is None or self._reach[0] != unit:
             # The thresholds rise, so successive boundaries mostly fall in the same unit: its
-            # cumulative weights are computed once, not once per shard.
-            _, weights, added = read_blob(self.pdir.blob(f"scan-{unit:05d}"), rows)
-            part = weights.astype(np.int64)
+            # blob is read once, and the search resumes at the chunk where the last one ended.
+            blob = read_blob(self.pdir.blob(f"scan-{unit:05d}"), rows)
+            self._reach = (unit, blob, 0, ends[unit] - unit_weights[unit])
+        _, (_, weights, added), first_lo, cumulative = self._reach
+        for lo in range(first_lo, rows, MAX_MARKS):
+            hi = min(rows, lo + MAX_MARKS)
+            part = weights[lo:hi].astype(np.int64)
             if self.plan.index_key is not None:
-                part += added * (digits(unit_first[unit], rows) - 1)
-            self._reach = (unit, np.cumsum(part) + (ends[unit] - unit_weights[unit]))
-        at = int(np.searchsorted(self._reach[1], threshold, side="left"))
-        return unit_first[unit] + at if at < rows else unit_first[unit + 1] - 1
+                part += added[lo:hi] * (digits(unit_first[unit] + lo, hi - lo) - 1)
+            sums = np.cumsum(part) + cumulative
+            at = int(np.searchsorted(sums, threshold, side="left"))
+            if at < hi - lo:
+                self._reach = (unit, self._reach[1], lo, cumulative)
+                return unit_first[unit] + lo + at
+            cumulative = int(sums[-1])
+        return unit_first[unit + 1] - 1
 
     # ---- write ------------------------------------------------------------------------------
 
