@@ -10,6 +10,7 @@ import time
 from support.fakes import FakeRunner
 from support.jobs import wait_until_ready
 
+from elastic_sharding import confined
 from elastic_sharding.claims.heartbeat import HeartbeatThread
 from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claims, read_claim
@@ -125,6 +126,31 @@ def test_takeover_does_not_remove_a_claim_it_did_not_judge(make_job):
     assert late.take_over(judged, 1.0) is False, "the stale claim was already replaced by a live one"
     assert read_claim(layout, first.shard_id).token == newer.token
 
+
+
+def test_a_late_takeover_on_a_caching_client_removes_nothing_it_did_not_judge(make_job, monkeypatch):
+    """Fault matrix seed 84113, trial 82: a client whose name cache still maps the lock to the
+    dead claim renames the new claim away (the server goes by name) and reads the moved name
+    through its cache as the dead record. The token check after the rename cannot catch that;
+    the removal ticket decides before anything moves."""
+    job = make_job(rows=4, shards=1)
+    layout = JobLayout(job)
+    _, dead = _claim_with_attempt_dir(layout, "part-00000-of-00001", "a")
+    judged = read_claim(layout, dead.shard_id)
+    stale_bytes = layout.lock(dead.shard_id).read_bytes()
+    rival = Claims(layout, host="b", pid=2)
+    assert rival.take_over(judged, 1.0)
+    newer = rival.try_claim(dead.shard_id)
+    real_read = confined.read_bytes_nofollow
+
+    def cached_read(path):
+        return stale_bytes if path.parent == layout.state / "stale_locks" and ".stale-" in path.name else real_read(path)
+
+    monkeypatch.setattr(confined, "read_bytes_nofollow", cached_read)
+    late = Claims(layout, host="c", pid=3)
+    assert late.take_over(judged, 1.0) is False, "a second takeover of one dead claim"
+    monkeypatch.undo()
+    assert read_claim(layout, dead.shard_id).token == newer.token
 
 def test_finished_shard_stays_done_even_without_its_done_record(make_job):
     job = make_job(rows=8, shards=2)

@@ -227,7 +227,9 @@ PREPARE_INSPECT = r"""
 import hashlib, json, os, sys
 job = sys.argv[1]
 parent, name = os.path.dirname(job), os.path.basename(job)
-out = {"leftovers": sorted(n for n in os.listdir(parent) if n.startswith("." + name + ".preparing")), "manifest": None}
+left = sorted(n for n in os.listdir(parent) if n.startswith("." + name + ".preparing"))
+# Each leftover with the files in it: what was written there says who wrote it.
+out = {"leftovers": {n: sorted(os.path.relpath(os.path.join(r, f), os.path.join(parent, n)) for r, _, fs in os.walk(os.path.join(parent, n)) for f in fs) for n in left}, "manifest": None}
 try:
     with open(os.path.join(job, "manifest.json"), "rb") as f:
         out["manifest"] = json.loads(f.read())

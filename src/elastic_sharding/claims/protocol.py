@@ -57,13 +57,41 @@ def read_claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
     return fsops.read_record(path, lambda data: decode(ClaimRecord, data, path))
 
 
+def removal_ticket(lock: Path, moved: Path, token: str) -> Path:
+    """The create-once name that decides who may remove the lease record `token` of `lock`."""
+    return moved.parent / f"{lock.name}.{token}.removal"
+
+
+def _win_removal(ticket: Path) -> bool:
+    mine = new_token().encode()
+    if fsops.publish_once(ticket, mine):
+        return True
+    # A create whose reply was lost and retried reports EEXIST for the very file it made.
+    try:
+        return fsops.read_record(ticket, lambda data: data) == mine
+    except (OSError, ValueError):
+        return False
+
+
 def remove_if_token(lock: Path, moved: Path, expected_token: str) -> bool:
     """Rename a lease record away if it still carries `expected_token`; put it back otherwise.
+
+    Who removes the record of one token is decided first, by a create-once ticket named after the
+    token (`removal_ticket`): of racing removers (two takeovers, a takeover and the owner's
+    release) exactly one goes on. The rename cannot decide it alone on a caching client: a
+    client whose name cache still maps `lock` to a record that another node has already moved
+    away renames whatever holds the name now (the server goes by name), and then reads the moved
+    name through its cache as the old record, token included (fault matrix seed 84113, trial 82:
+    two nodes took over one dead claim within a second). Once the ticket is won, the name holds
+    the token's record (only its owner rewrites it, keeping the token), so the check after the
+    rename only guards against a record replaced by hand.
 
     True only if this call removed exactly the record it meant to: a record that was replaced
     between the caller's read and the rename is linked back (unless yet another one took its name,
     in which case the replaced owner fences itself at its next heartbeat).
     """
+    if not _win_removal(removal_ticket(lock, moved, expected_token)):
+        return False
     if not fsops.rename_away(lock, moved):
         return False
     try:

@@ -93,18 +93,49 @@ class PrepareDir(PrepareLayout):
 
     def sweep(self) -> None:
         """Once the job is published: remove this prepare's directory and whatever an earlier
-        removal left (a straggler's heartbeat or temporary file written into it meanwhile)."""
+        removal left (a straggler's heartbeat or temporary file written into it meanwhile), and
+        look again until nothing is left: a straggler on another node may still write into a
+        directory being removed, and this node may list the parent a moment late. Gives up (with
+        a warning naming what is left; the next prepare of the job sweeps it) after
+        `SETTLE_SECS` without progress."""
         if not self.published():
             return
         self.remove()
-        prefix = f"{self.root.name}{REMOVED}"
-        with contextlib.suppress(FileNotFoundError):
-            for name, kind in confined.list_dir(self.root.parent).items():
-                if name.startswith(prefix) and kind == "dir":
+        deadline = time.monotonic() + SETTLE_SECS
+        while True:
+            left = self._leftovers()
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("prepare: could not remove %s beside the job: %s", ", ".join(left), _describe(self.root.parent, left))
+                return
+            for name in left:
+                if name == self.root.name:
+                    self.remove()
+                else:
                     _remove_tree(self.root.parent / name)
+            time.sleep(0.05)
+
+    def _leftovers(self) -> list[str]:
+        """This prepare's directory and earlier removals' leftovers, as this node lists them now."""
+        try:
+            names = confined.list_dir(self.root.parent)
+        except FileNotFoundError:
+            return []
+        removed = f"{self.root.name}{REMOVED}"
+        return sorted(n for n, kind in names.items() if n == self.root.name or (n.startswith(removed) and kind == "dir"))
 
 
 REMOVED = ".removed-"
+
+
+def _describe(parent: Path, names: list[str]) -> str:
+    """The files under `names` (at most a few), for the warning of a sweep that gave up."""
+    found: list[str] = []
+    for name in names:
+        for root, _dirs, files in os.walk(parent / name):
+            found += [os.path.relpath(os.path.join(root, f), parent) for f in files]
+    return ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "") if found else "empty directories"
 
 
 def _remove_tree(path: Path) -> None:
