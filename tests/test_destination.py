@@ -284,3 +284,24 @@ def test_a_directory_that_mkdir_says_exists_before_it_shows_is_waited_for(tmp_pa
     )
     with pytest.raises(FileExistsError, match="never shows"):
         make(never)
+
+
+def test_a_directory_that_reads_missing_for_a_moment_after_a_racing_mkdir_is_tried_again(tmp_path, monkeypatch):
+    """CI, a caching GlusterFS volume: three `dlc` instances created one --output directory at
+    once, and the loser of the mkdir race saw it and was then told ENOENT when it created a file
+    in it, until its client's cache settled; it failed at once and the other two waited for it."""
+    from elastic_sharding.destination import prepare_destination
+
+    output = tmp_path / NEW / "merged.jsonl"
+    real_probe, calls = fsops.probe_create, []
+
+    def settling_probe(target, create_once=False):
+        calls.append(target)
+        if len(calls) < 3:
+            raise FileNotFoundError(2, "No such file or directory", str(target.parent / ".probe"))
+        real_probe(target, create_once)
+
+    monkeypatch.setattr(fsops, "probe_create", settling_probe)
+    destination = prepare_destination(output, create_once=True)
+    assert len(calls) == 3 and output.parent.is_dir()
+    assert destination.created == [tmp_path / "new", tmp_path / NEW]

@@ -20,8 +20,10 @@ import os
 import secrets
 import shutil
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from elastic_sharding import confined, fsops
 from elastic_sharding.errors import JobStateError, UsageError
@@ -97,27 +99,45 @@ def prepare_destination(output: Path, create_once: bool = False, directory: bool
     file can be created there, and with `create_once` published by hard link, as a merge that
     may not replace an existing file publishes it (a directory output is renamed into place:
     its parent needs to take new entries only)."""
+    created: list[Path] = []
+    # Several launchers may create one --output directory at once. On a caching NAS the loser of
+    # a racing mkdir can see the directory and yet be told it is missing when it creates a file
+    # in it (GlusterFS: its client still holds its own losing mkdir's handle) until its cache
+    # settles: the directories and the probe are tried again for that long.
+    deadline = time.monotonic() + fsops.STALE_HANDLE_SECS
+    while True:
+        created += _make_dirs(output)
+        try:
+            fsops.probe_create(output, create_once and not directory)
+            return Destination(created)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ESTALE) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            fsops.remove_dirs(created)
+            _refuse_probe(output, exc)
+
+
+def _make_dirs(output: Path) -> list[Path]:
     parent = output.parent
     try:
-        created = fsops.make_dirs(parent)
+        return fsops.make_dirs(parent)
     except NotADirectoryError as exc:
         if exc.filename == str(parent):
             raise UsageError(f"--output {output}: {parent} {exc.strerror}; choose another --output") from None
         raise UsageError(f"--output {output}: cannot create directory {parent}: {exc.filename} {exc.strerror}") from None
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot create directory {exc.filename or parent}: {exc.strerror or exc}") from None
-    try:
-        fsops.probe_create(output, create_once and not directory)
-    except OSError as exc:
-        fsops.remove_dirs(created)
-        if exc.filename == str(output):  # the link: a mount without hard links
-            raise UsageError(
-                f"--output {output}: cannot publish it create-once in {parent}: {exc.strerror}; the output is linked into "
-                "place so that a file another writer made meanwhile is never replaced: write it to a POSIX mount and copy "
-                "it here afterwards (or use merge --overwrite, which renames it into place)"
-            ) from None
-        raise UsageError(f"--output {output}: cannot write in {parent}: {exc.strerror or exc}") from None
-    return Destination(created)
+
+
+def _refuse_probe(output: Path, exc: OSError) -> NoReturn:
+    if exc.filename == str(output):  # the link: a mount without hard links
+        raise UsageError(
+            f"--output {output}: cannot publish it create-once in {output.parent}: {exc.strerror}; the output is linked "
+            "into place so that a file another writer made meanwhile is never replaced: write it to a POSIX mount and "
+            "copy it here afterwards (or use merge --overwrite, which renames it into place)"
+        ) from None
+    raise UsageError(f"--output {output}: cannot write in {output.parent}: {exc.strerror or exc}") from None
 
 
 def inside_job(output: Path, layout: JobLayout) -> bool:
