@@ -127,7 +127,6 @@ def test_takeover_does_not_remove_a_claim_it_did_not_judge(make_job):
     assert read_claim(layout, first.shard_id).token == newer.token
 
 
-
 def test_a_late_takeover_on_a_caching_client_removes_nothing_it_did_not_judge(make_job, monkeypatch):
     """Fault matrix seed 84113, trial 82: a client whose name cache still maps the lock to the
     dead claim renames the new claim away (the server goes by name) and reads the moved name
@@ -151,6 +150,7 @@ def test_a_late_takeover_on_a_caching_client_removes_nothing_it_did_not_judge(ma
     assert late.take_over(judged, 1.0) is False, "a second takeover of one dead claim"
     monkeypatch.undo()
     assert read_claim(layout, dead.shard_id).token == newer.token
+
 
 def test_finished_shard_stays_done_even_without_its_done_record(make_job):
     job = make_job(rows=8, shards=2)

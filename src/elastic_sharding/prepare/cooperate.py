@@ -95,9 +95,9 @@ class PrepareDir(PrepareLayout):
         """Once the job is published: remove this prepare's directory and whatever an earlier
         removal left (a straggler's heartbeat or temporary file written into it meanwhile), and
         look again until nothing is left: a straggler on another node may still write into a
-        directory being removed, and this node may list the parent a moment late. Gives up (with
-        a warning naming what is left; the next prepare of the job sweeps it) after
-        `SETTLE_SECS` without progress."""
+        directory being removed, and this node may list the parent a moment late. Gives up after
+        `SETTLE_SECS`, with a warning naming what is left (the next prepare of the job sweeps
+        it)."""
         if not self.published():
             return
         self.remove()
@@ -135,7 +135,10 @@ def _describe(parent: Path, names: list[str]) -> str:
     for name in names:
         for root, _dirs, files in os.walk(parent / name):
             found += [os.path.relpath(os.path.join(root, f), parent) for f in files]
-    return ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "") if found else "empty directories"
+    if not found:
+        return "empty directories"
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    return ", ".join(found[:8]) + more
 
 
 def _remove_tree(path: Path) -> None:

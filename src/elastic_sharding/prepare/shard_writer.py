@@ -15,7 +15,6 @@ from elastic_sharding import fsops
 from elastic_sharding.errors import InputError
 from elastic_sharding.prepare.jsonl import Offload, line_too_long
 
-
 DIRECT_BYTES = 64 << 10
 
 

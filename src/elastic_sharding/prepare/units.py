@@ -379,7 +379,9 @@ class UnitWork:
         writes = [load(WriteDone, self.pdir.result(name)) for name in unit_names(plan)[WRITE]]
         shards_written = [shard for done in writes for shard in done.shards]
         if [w.index for w in shards_written] != list(range(plan.num_shards)):
-            raise JobStateError(f"{self.pdir.units}: the write units' results do not cover every shard once; prepare a new --job-dir")
+            raise JobStateError(
+                f"{self.pdir.units}: the write units' results do not cover every shard once; prepare a new --job-dir"
+            )
         specs = []
         for k, (cut, written) in enumerate(zip(cuts.shards, shards_written)):
             shard_id = shard_id_for(k, plan.num_shards)

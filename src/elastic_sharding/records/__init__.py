@@ -45,8 +45,8 @@ from elastic_sharding.records.prepare import (
     ScanResult,
     ShardCut,
     ShardWritten,
-    WriteDone,
     UnitClaim,
+    WriteDone,
 )
 from elastic_sharding.records.submission import Outcome, PhaseLock, PhaseResult, RunRecord
 from elastic_sharding.settings import Settings
