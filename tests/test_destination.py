@@ -23,6 +23,7 @@ from support.processes import unprivileged_prefix
 import elastic_sharding
 from elastic_sharding import confined, fsops
 from elastic_sharding.claims.submission import coordination_root
+from elastic_sharding.destination import prepare_destination
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
 
@@ -290,8 +291,6 @@ def test_a_directory_that_reads_missing_for_a_moment_after_a_racing_mkdir_is_tri
     """CI, a caching GlusterFS volume: three `dlc` instances created one --output directory at
     once, and the loser of the mkdir race saw it and was then told ENOENT when it created a file
     in it, until its client's cache settled; it failed at once and the other two waited for it."""
-    from elastic_sharding.destination import prepare_destination
-
     output = tmp_path / NEW / "merged.jsonl"
     real_probe, calls = fsops.probe_create, []
 
