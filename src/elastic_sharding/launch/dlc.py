@@ -27,7 +27,7 @@ from elastic_sharding.claims.submission import (
     resolve_run_id,
     run_phase,
 )
-from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, ElasticShardError, Interrupted, UsageError
+from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, Aborted, ElasticShardError, Interrupted, UsageError
 from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.snapshot import job_views
@@ -129,12 +129,12 @@ class _Instance:
             expect = opts.nodes if opts.require_all_nodes and opts.nodes else 1
             result = run_phase(self.gen, FINALIZE, lambda: self._finalize(expect), lease, poll, wait)
             self._check(result)
-        except Interrupted:
+        except (Interrupted, Aborted):
             raise
         except ElasticShardError as exc:
-            if self.gen.abort_record() is not None:
-                raise
-            record = self.gen.publish_abort(self.phase, exc.exit_code, str(exc))
+            # Another instance may have published the failure first: report its record, so every
+            # instance prints one message and exits with one code.
+            record = self.gen.abort_record() or self.gen.publish_abort(self.phase, exc.exit_code, str(exc))
             if record is not None:
                 raise aborted(record) from None
             log.warning("this instance failed after the run had already succeeded; exiting like every other instance: %s", exc)
