@@ -1,0 +1,162 @@
+"""The supported deduplicators and how each one's own hash becomes bucket records.
+
+The hash itself is always Data-Juicer's: the operator is built from the recipe through its
+registry and its `compute_hash` runs on every row as the row looks after the previous segment of
+the recipe, exactly what `Deduplicator.run` maps over the dataset. What is ours is only how rows
+that the operator's `process` would group are brought into one partition:
+
+- `document_deduplicator` groups rows with equal md5: the bucket is the md5 itself;
+- `document_simhash_deduplicator` connects distinct simhash values at Hamming distance at most
+  `hamming_distance` (what `simhash.find_all` returns) and rows with equal values: two values
+  that close agree on at least `num_blocks - hamming_distance` of `num_blocks` blocks, so one
+  bucket per choice of that many blocks holds every such pair (the pairs are checked exactly);
+- `document_minhash_deduplicator` connects rows that share any band bucket: the bucket is the
+  band's index and bytes (a 128-bit BLAKE2b digest of them, so a false collision has a chance of
+  about one in 2**100 even for a billion rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from elastic_sharding.dedup.records import KEYS, position
+from elastic_sharding.errors import RecipeError
+
+
+class DedupKind(StrEnum):
+    EXACT = "exact"
+    SIMHASH = "simhash"
+    MINHASH = "minhash"
+
+
+SUPPORTED = {
+    "document_deduplicator": DedupKind.EXACT,
+    "document_simhash_deduplicator": DedupKind.SIMHASH,
+    "document_minhash_deduplicator": DedupKind.MINHASH,
+}
+
+# Data-Juicer's Ray-only deduplicators keep whichever duplicate reaches their shared state first,
+# so a run cannot be repeated row for row; they are refused with the twin whose rule we reproduce.
+RAY_TWINS = {
+    "ray_document_deduplicator": "document_deduplicator",
+    "ray_bts_minhash_deduplicator": "document_minhash_deduplicator",
+    "ray_bts_minhash_cpp_deduplicator": "document_minhash_deduplicator",
+}
+
+HASH_FIELDS = {DedupKind.EXACT: "__dj__hash", DedupKind.SIMHASH: "__dj__simhash", DedupKind.MINHASH: "__dj__minhash"}
+
+SIMHASH_DEFAULTS = {"num_blocks": 6, "hamming_distance": 4}
+
+
+@dataclass(frozen=True)
+class DedupRule:
+    """One deduplicator of a recipe: its name, its arguments as the recipe gives them."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> DedupKind:
+        return SUPPORTED[self.name]
+
+    def build(self) -> Any:
+        """The operator, built by Data-Juicer from the recipe entry."""
+        from data_juicer.ops import load_ops
+
+        (op,) = load_ops([{self.name: dict(self.args)}])
+        return op
+
+    def simhash_blocks(self) -> tuple[int, int]:
+        blocks = int(self.args.get("num_blocks", SIMHASH_DEFAULTS["num_blocks"]))
+        distance = int(self.args.get("hamming_distance", SIMHASH_DEFAULTS["hamming_distance"]))
+        if not 0 < distance < blocks <= 64:
+            raise RecipeError(
+                f"{self.name}: hamming_distance ({distance}) must be at least 1 and less than num_blocks ({blocks}), "
+                "and num_blocks at most 64, as Data-Juicer's documentation of the operator says; fix the recipe"
+            )
+        return blocks, distance
+
+    def fanout(self, op: Any) -> int:
+        """Bucket records per row."""
+        if self.kind == DedupKind.SIMHASH:
+            blocks, distance = self.simhash_blocks()
+            return math.comb(blocks, blocks - distance)
+        if self.kind == DedupKind.MINHASH:
+            return int(op.num_bands)
+        return 1
+
+    def key_records(self, op: Any, rows: Iterable[dict], shard_index: int) -> np.ndarray:
+        """The bucket records of one shard's rows, in row order; `op` is `self.build()`."""
+        hash_field = HASH_FIELDS[self.kind]
+        hashes = []
+        for row_index, row in enumerate(rows):
+            sample = op.compute_hash(dict(row))
+            if not isinstance(sample, dict) or not isinstance(sample.get(hash_field), (str, list)):
+                raise RecipeError(
+                    f"{self.name}: Data-Juicer's compute_hash gave no {hash_field} for row {row_index + 1} of shard "
+                    f"{shard_index} (is its text field missing or not a string?); fix the data or the recipe"
+                )
+            hashes.append(sample[hash_field])
+        base = position(shard_index, 0)
+        if self.kind == DedupKind.EXACT:
+            return _exact_records(hashes, base)
+        if self.kind == DedupKind.SIMHASH:
+            return _simhash_records(hashes, base, *self.simhash_blocks())
+        return _minhash_records(hashes, base)
+
+
+def _exact_records(hashes: list[str], base: int) -> np.ndarray:
+    records = np.empty(len(hashes), dtype=KEYS)
+    digests = np.frombuffer(b"".join(bytes.fromhex(h) for h in hashes), dtype=">u8").reshape(-1, 2)
+    records["k1"] = digests[:, 0] if len(hashes) else 0
+    records["k2"] = digests[:, 1] if len(hashes) else 0
+    records["pos"] = base + np.arange(len(hashes))
+    records["val"] = 0
+    return records
+
+
+def block_masks(blocks: int) -> list[int]:
+    """64 bits cut into `blocks` contiguous blocks as even as possible."""
+    edges = [round(i * 64 / blocks) for i in range(blocks + 1)]
+    return [((1 << (edges[i + 1] - edges[i])) - 1) << edges[i] for i in range(blocks)]
+
+
+def combination_masks(blocks: int, distance: int) -> np.ndarray:
+    masks = block_masks(blocks)
+    combos = itertools.combinations(range(blocks), blocks - distance)
+    return np.array([sum(masks[i] for i in combo) for combo in combos], dtype=np.uint64)
+
+
+def _simhash_records(hashes: list[str], base: int, blocks: int, distance: int) -> np.ndarray:
+    values = np.array([int(h) for h in hashes], dtype=np.uint64)
+    masks = combination_masks(blocks, distance)
+    records = np.empty((len(values), len(masks)), dtype=KEYS)
+    records["k1"] = np.arange(len(masks), dtype=np.uint64)[None, :]
+    records["k2"] = values[:, None] & masks[None, :]
+    records["pos"] = (base + np.arange(len(values)))[:, None]
+    records["val"] = values[:, None]
+    return records.reshape(-1)
+
+
+def _minhash_records(hashes: list[list[bytes]], base: int) -> np.ndarray:
+    bands = len(hashes[0]) if hashes else 0
+    digests = b"".join(
+        hashlib.blake2b(band_index.to_bytes(4, "little") + band, digest_size=16).digest()
+        for row in hashes
+        for band_index, band in enumerate(row)
+    )
+    pairs = np.frombuffer(digests, dtype=">u8").reshape(-1, 2)
+    records = np.empty(len(pairs), dtype=KEYS)
+    records["k1"] = pairs[:, 0] if len(pairs) else 0
+    records["k2"] = pairs[:, 1] if len(pairs) else 0
+    records["pos"] = np.repeat(base + np.arange(len(hashes)), bands)
+    records["val"] = 0
+    return records
