@@ -117,7 +117,10 @@ RECIPE_CASES = {
     "unknown op": ("dataset_path: {dataset}\nprocess:\n  - no_such_mapper:\n", r"process\[0\] no_such_mapper: unknown operator"),
     "op not a mapping": ("dataset_path: {dataset}\nprocess:\n  - [a, b]\n", r"process\[0\] must be an operator name"),
     "deduplicator": ("dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n", r"is a Deduplicator"),
-    "ray deduplicator": ("dataset_path: {dataset}\nprocess:\n  - ray_document_deduplicator:\n", r"global operation|Deduplicator"),
+    "ray deduplicator": (
+        "dataset_path: {dataset}\nprocess:\n  - ray_document_deduplicator:\n",
+        r"process\[0\] ray_document_deduplicator: is Data-Juicer's Ray-only deduplicator, .* run document_deduplicator",
+    ),
     "selector": ("dataset_path: {dataset}\nprocess:\n  - random_selector:\n", r"is a Selector"),
     "grouper": ("dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n", r"is a Grouper"),
     "aggregator": (

@@ -210,12 +210,20 @@ def check_with_engine(recipe: Recipe) -> None:
     registry, kinds = _operator_registry(recipe.config.get("custom_operator_paths") or [], where)
     from data_juicer.core.executor.dag_execution_strategies import is_global_operation
 
+    from elastic_sharding.dedup.rules import RAY_TWINS
+
     for position, (name, _params) in enumerate(recipe.ops):
         label = f"{where}: process[{position}] {name}"
         cls = registry.get(name)
         if cls is None:
             raise RecipeError(
                 f"{label}: unknown operator (not in Data-Juicer's registry; check the name or custom_operator_paths)"
+            )
+        if name in RAY_TWINS:
+            raise RecipeError(
+                f"{label}: is Data-Juicer's Ray-only deduplicator, which keeps whichever duplicate reaches its shared "
+                f"state first, so two runs can keep different rows; remove it and run {RAY_TWINS[name]} (the same "
+                "rule, deterministic) on the merged output"
             )
         for kind_name in GLOBAL_KINDS:
             if issubclass(cls, kinds[kind_name]):
