@@ -18,6 +18,7 @@ from support.dedup_corpus import prose_rows
 from support.dj_dedup_reference import dj_kept
 
 from elastic_sharding.dedup import components, records
+from elastic_sharding.dedup.cooperate import StageParticipant
 from elastic_sharding.dedup.records import PAIRS, position
 from elastic_sharding.dedup.rules import DedupRule
 from elastic_sharding.dedup.stage import DedupPlan, DedupStage
@@ -40,12 +41,9 @@ def cut(rows: list[dict], shards: int, seed: int) -> list[list[dict]]:
 
 
 def run_stage(root: Path, rule: DedupRule, pieces: list[list[dict]], bucket_parts: int, node_parts: int) -> list[int]:
-    """Every unit of one stage, in order, in this process; the kept rows' global indices."""
-    op = rule.build()
+    """Every unit of one stage, in order, by one participant in this process; the kept rows' global indices."""
     stage = DedupStage(root, DedupPlan(rule, len(pieces), bucket_parts, node_parts))
-    for shard_index, piece in enumerate(pieces):
-        stage.write_keys(op, shard_index, piece)
-    final = stage.run_in_order()
+    final = StageParticipant(stage, lambda shard_index: pieces[shard_index], 5.0, 1.0, 0.01).run().final_round
     kept, base = [], 0
     for shard_index, piece in enumerate(pieces):
         dropped = set(stage.drops(shard_index, final).tolist())

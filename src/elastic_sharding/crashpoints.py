@@ -12,7 +12,8 @@ and heartbeat exist), `processing` (the engine is mid-shard; the test runner rea
 yet published), `published` (completion published, claim not yet marked done), `merging` (part of
 the merged output is written), `prepare-<phase>` and `prepare-<phase>-done` (a cooperative
 prepare's participant holds a unit of `scan`, `cut`, `write`, `recipe` or `final`: before / after
-its work, result not published), `prepare-staged` (prepare wrote everything but has not published
+its work, result not published), `dedup-<phase>` and `dedup-<phase>-done` (the same for a
+deduplication stage's units: `keys`, `buckets`, `components`), `prepare-staged` (prepare wrote everything but has not published
 the job), `prepare-rehashing` (a repeated prepare is about to hash the input again to prove it
 unchanged), `probing` (a filesystem probe made its directory, not yet removed),
 `phase-locked:<phase>` and `phase-done:<phase>` (a `dlc` coordinator holds the phase / finished

@@ -87,3 +87,16 @@ def next_step(advice: str, *kinds: type[ElasticShardError]) -> Iterator[None]:
         yield
     except kinds as exc:
         raise type(exc)(f"{exc}; {advice}") from None
+
+
+def rebuilt(name: str, message: str) -> ElasticShardError:
+    """An error another process published (its class name here and its message), as the same
+    type with the same message and exit code, so every participant fails the same way."""
+    cls = globals().get(name)
+    if not (isinstance(cls, type) and issubclass(cls, ElasticShardError)):
+        cls = ElasticShardError
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    if isinstance(exc, InputError):
+        exc.path, exc.line = None, None
+    return exc

@@ -98,7 +98,13 @@ class DedupRule:
         hash_field = HASH_FIELDS[self.kind]
         hashes = []
         for row_index, row in enumerate(rows):
-            sample = op.compute_hash(dict(row))
+            try:
+                sample = op.compute_hash(dict(row))
+            except Exception as exc:  # noqa: BLE001 - the operator's own code: any error is the row's
+                raise RecipeError(
+                    f"{self.name}: Data-Juicer's compute_hash failed on row {row_index + 1} of shard {shard_index}: "
+                    f"{type(exc).__name__}: {exc}; fix the data or the recipe"
+                ) from None
             if not isinstance(sample, dict) or not isinstance(sample.get(hash_field), (str, list)):
                 raise RecipeError(
                     f"{self.name}: Data-Juicer's compute_hash gave no {hash_field} for row {row_index + 1} of shard "

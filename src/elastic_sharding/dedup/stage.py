@@ -26,7 +26,6 @@ from elastic_sharding.dedup.rules import DedupKind, DedupRule
 RECORDS_PER_BUCKET_UNIT = 1 << 21  # 64 MiB of key records: what one bucket unit sorts
 ROWS_PER_NODE_PART = 1 << 22
 MAX_PARTS = 4096
-MAX_ROUNDS = 10_000  # a bound no real component reaches (rounds ~ its diameter)
 
 
 @dataclass(frozen=True)
@@ -129,20 +128,6 @@ class DedupStage:
             dropped = np.sort(records.read_all_parts([self.bucket_file(p) for p in range(plan.bucket_parts)], part, POSITIONS))
         low, high = np.searchsorted(dropped, [position(shard_index, 0), position(shard_index + 1, 0)])
         return dropped[low:high] - position(shard_index, 0)
-
-    def run_in_order(self) -> int | None:
-        """Every unit after the key files, one after another in this process: the stage's work
-        without claims. Returns the final round (None when there is no components stage or no
-        edge)."""
-        plan = self.plan
-        written = sum(self.run_bucket(p) for p in range(plan.bucket_parts))
-        if not plan.needs_components or written == 0:
-            return None
-        for round_number in range(MAX_ROUNDS):
-            sent = sum(self.run_round(round_number, q) for q in range(plan.node_parts))
-            if sent == 0:
-                return round_number
-        raise RuntimeError(f"label propagation did not settle in {MAX_ROUNDS} rounds")
 
     def _write(self, target: Path, data: np.ndarray, parts: np.ndarray | None = None, num_parts: int = 1) -> None:
         fsops.make_dirs(target.parent)

@@ -5,12 +5,8 @@ The work is a fixed list of units in five phases: scan units (byte ranges of the
 unit (merge the scans, place the shard boundaries), one write unit per shard, one recipe unit
 (Data-Juicer's judgement of the recipe: seconds of imports, so the prepare's starter takes it
 first and the others scan meanwhile), one final unit (fingerprints, manifest, publishing the
-job). Each unit is claimed create-once
-(`units/<unit>.lock`), kept alive by a heartbeat (`units/<unit>.beat`) and done when its result is
-published create-once (`units/<unit>.json`). A claim whose heartbeat an observer sees unchanged for
-a whole lease, on its own monotonic clock, is taken over; on the same host a claim of a dead pid is
-taken over at once. A unit's result depends only on the plan, never on who computed it, so a
-fenced straggler that publishes late can only lose the create-once race to identical bytes.
+job). Units are claimed, kept alive, taken over and published by `claims/units.py`, in
+`units/`; a unit's result depends only on the plan, never on who computed it.
 
 Everything lives in `.<job>.preparing/` beside the job directory; the job itself is built in its
 `stage/` and renamed onto the job directory by the final unit. A prepare killed at any point
@@ -42,14 +38,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from elastic_sharding import confined, crashpoints, errors, fsops
-from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
-from elastic_sharding.claims.protocol import new_token, remove_if_token
-from elastic_sharding.claims.takeover import StalenessObserver
+from elastic_sharding import confined, errors, fsops
+from elastic_sharding.claims.protocol import new_token
+from elastic_sharding.claims.units import Units
 from elastic_sharding.errors import ElasticShardError
 from elastic_sharding.layout import PrepareLayout, preparing_dir
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import PrepareFailure, PreparePlan, UnitClaim, decode, encode
+from elastic_sharding.records import PrepareFailure, PreparePlan, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -182,35 +177,6 @@ class Work(Protocol):
     def final(self) -> bytes: ...
 
 
-def failure_error(record: PrepareFailure) -> ElasticShardError:
-    """The error a participant published, as the same exception type with the same message."""
-    cls = getattr(errors, record.error, None)
-    if not (isinstance(cls, type) and issubclass(cls, ElasticShardError)):
-        cls = ElasticShardError
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, record.message)
-    if isinstance(exc, errors.InputError):
-        exc.path, exc.line = None, None
-    return exc
-
-
-class _UnitKeeper(LeaseKeeper):
-    def __init__(self, pdir: PrepareDir, unit: str, token: str, interval: float, lease: float, on_lost: Callable[[str], None]):
-        super().__init__(f"prepare-{unit}", pdir.beat(unit), token, interval, lease, on_lost)
-        self.lock = pdir.lock(unit)
-
-    def check(self) -> str | None:
-        try:
-            current = fsops.read_record(self.lock, lambda data: decode(UnitClaim, data, self.lock))
-        except ValueError:
-            return None
-        if current is None:
-            return "the unit's claim is gone"
-        if current.token != self.token:
-            return f"the unit now belongs to host={current.host} pid={current.pid}"
-        return None
-
-
 def _dir_id(path: Path) -> tuple[int, int] | None:
     """Which directory `path` names now: a prepare directory removed and made anew is another."""
     try:
@@ -218,16 +184,6 @@ def _dir_id(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Participant:
@@ -243,9 +199,7 @@ class Participant:
         self.stop = stop
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.observer = StalenessObserver(plan.lease_secs)
-        self.units_done = 0
-        self._lost: str | None = None
+        self.units = Units(pdir, "prepare", plan.lease_secs, plan.heartbeat_secs, plan.poll_secs)
         self._dir_id = _dir_id(pdir.root)
 
     def run(
@@ -279,10 +233,10 @@ class Participant:
         work = self.work
         if first is not None:
             (name,) = names[first]
-            if not self.pdir.result(name).exists():
-                token = self._try_claim(name)
+            if not self.units.is_done(name):
+                token = self.units.try_claim(name)
                 if token is not None:
-                    self._do(first, name, token, lambda _name: getattr(work, first)())
+                    self.units.complete(name, token, self._guarded(lambda _name: getattr(work, first)()), f"prepare-{first}")
         then()
         self._phase(SCAN, names[SCAN], lambda name: work.scan(int(name.split("-")[1])))
         self._phase(CUT, names[CUT], lambda name: work.cut())
@@ -319,7 +273,7 @@ class Participant:
             failed = fsops.read_record(self.pdir.failed, lambda data: decode(PrepareFailure, data, self.pdir.failed))
         except (OSError, ValueError):
             return None
-        return failure_error(failed) if failed is not None else None
+        return errors.rebuilt(failed.error, failed.message) if failed is not None else None
 
     def _check(self) -> None:
         if self.pdir.published():
@@ -335,76 +289,14 @@ class Participant:
     def _phase(self, phase: str, names: list[str], do: Callable[[str], bytes]) -> None:
         label = _LABELS.get(phase)
         with Progress(label or phase, len(names), self.quiet or label is None, unit="unit" if phase == SCAN else "shard") as bar:
-            pending = list(names)
-            while pending:
-                self._check()
-                progressed = False
-                still = []
-                # One unit per pass, from the first still pending: those before it are held by
-                # other participants; those after it are not looked at until the next pass.
-                for at, name in enumerate(pending):
-                    if self.pdir.result(name).exists():
-                        continue
-                    token = self._try_claim(name)
-                    if token is None:
-                        still.append(name)
-                        continue
-                    if not self._do(phase, name, token, do):
-                        still.append(name)
-                    progressed = True
-                    still += pending[at + 1 :]
-                    break
-                bar.update(len(pending) - len(still))
-                pending = still
-                if pending and not progressed:
-                    time.sleep(self.plan.poll_secs)
+            self.units.run_phase(names, self._guarded(do), f"prepare-{phase}", self._check, bar.update)
 
-    def _try_claim(self, name: str) -> str | None:
-        lock = self.pdir.lock(name)
-        try:
-            current = fsops.read_record(lock, lambda data: decode(UnitClaim, data, lock))
-        except ValueError:
-            return None
-        if current is not None:
-            if not self._stale(name, current):
-                return None
-            moved = self.pdir.stale_lock(name, f"stale-{new_token()[:8]}")
-            if not remove_if_token(lock, moved, current.token):
-                return None
-            log.warning("prepare: took over %s from host=%s pid=%d", name, current.host, current.pid)
-            self.observer.forget(name)
-        token = new_token()
-        record = UnitClaim(token=token, host=self.host, pid=self.pid, at=time.time())
-        try:
-            return token if fsops.publish_once(lock, encode(record)) else None
-        except FileNotFoundError:
-            raise Gone from None
+    def _guarded(self, do: Callable[[str], bytes]) -> Callable[[str], bytes]:
+        """A unit's work whose failure is published for every participant (`_fail`)."""
 
-    def _stale(self, name: str, claim: UnitClaim) -> bool:
-        if claim.host == self.host and not _pid_alive(claim.pid):
-            return True
-        beat = read_heartbeat_file(self.pdir.beat(name))
-        seq = beat.seq if beat is not None and beat.token == claim.token else 0
-        return self.observer.is_stale(name, claim.token, seq)
-
-    def _do(self, phase: str, name: str, token: str, do: Callable[[str], bytes]) -> bool:
-        def lost(reason: str) -> None:
-            self._lost = reason
-            log.warning("prepare: lost %s: %s", name, reason)
-
-        if self.pdir.result(name).exists():
-            return True  # claimed just as its previous owner published it
-        self._lost = None
-        keeper = _UnitKeeper(self.pdir, name, token, self.plan.heartbeat_secs, self.plan.lease_secs, lost)
-        try:
-            keeper.beat()
-        except FileNotFoundError:
-            raise Gone from None
-        keeper.start()
-        try:
-            crashpoints.reached(f"prepare-{phase}")
+        def run(name: str) -> bytes:
             try:
-                result = do(name)
+                return do(name)
             except Gone:
                 raise
             except ElasticShardError as exc:
@@ -414,17 +306,8 @@ class Participant:
                 failure = ElasticShardError(f"prepare failed: {exc}")
                 self._fail(failure, suspect=True)
                 raise failure from exc
-            crashpoints.reached(f"prepare-{phase}-done")
-        finally:
-            keeper.stop()
-        if self._lost is not None:
-            return self.pdir.result(name).exists()
-        try:
-            fsops.publish_once(self.pdir.result(name), result)
-        except FileNotFoundError:
-            raise Gone from None
-        self.units_done += 1
-        return True
+
+        return run
 
     def _fail(self, failure: ElasticShardError, suspect: bool) -> None:
         """Publish `failure` for every participant, unless it is only this participant's view

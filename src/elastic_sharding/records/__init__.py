@@ -6,7 +6,7 @@ every field that becomes part of a path (shard and attempt ids, tokens) against 
 record can never lead the tool outside the job directory.
 
 The records live in modules by subject (`codec` for the encoding, `job`, `claims`, `outputs`,
-`submission`, `prepare`); this package re-exports every public name, which is the interface the
+`submission`, `prepare`, `dedup`); this package re-exports every public name, which is the interface the
 rest of the tool imports.
 """
 
@@ -35,6 +35,7 @@ from elastic_sharding.records.codec import (
     load,
     shard_id_for,
 )
+from elastic_sharding.records.dedup import DedupFailure, DedupStageDone, DedupUnitDone
 from elastic_sharding.records.job import InputFile, Manifest, Request, ShardSpec
 from elastic_sharding.records.outputs import IndexEntry, MergeRecord, MergeShard, OutputIndex, PublishRecord
 from elastic_sharding.records.prepare import (
@@ -100,4 +101,8 @@ __all__ = [
     "ShardWritten",
     "WriteDone",
     "UnitClaim",
+    # dedup
+    "DedupFailure",
+    "DedupStageDone",
+    "DedupUnitDone",
 ]

@@ -1,0 +1,183 @@
+"""Units: named pieces of work that any number of processes on any nodes share through one
+directory, with the claim/lease/fencing protocol of the shards.
+
+A unit is claimed create-once (`<unit>.lock`), kept alive by a heartbeat (`<unit>.beat`) and done
+when its result is published create-once (`<unit>.json`). A claim whose heartbeat an observer
+sees unchanged for a whole lease, on its own monotonic clock, is taken over (the removal ticket of
+`protocol.remove_if_token` decides the one remover); on the same host a claim of a dead pid is
+taken over at once. A unit's result must depend only on its name and on what every process can
+read, never on who computed it: a fenced straggler that publishes late then loses the create-once
+race to identical bytes.
+
+The cooperative prepare (`prepare/cooperate.py`) and the deduplication stages
+(`dedup/cooperate.py`) are made of these units; each says which units exist, in which order, and
+what one does. A directory that vanishes under a participant surfaces as `FileNotFoundError`
+from these calls: what that means is the caller's to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from elastic_sharding import crashpoints, fsops
+from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
+from elastic_sharding.claims.protocol import new_token, remove_if_token
+from elastic_sharding.claims.takeover import StalenessObserver
+from elastic_sharding.records import UnitClaim, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+class UnitPaths(Protocol):
+    """Where a set of units keeps its claims, heartbeats and results."""
+
+    def lock(self, unit: str) -> Path: ...
+
+    def stale_lock(self, unit: str, suffix: str) -> Path: ...
+
+    def beat(self, unit: str) -> Path: ...
+
+    def result(self, unit: str) -> Path: ...
+
+
+class _UnitKeeper(LeaseKeeper):
+    def __init__(
+        self, paths: UnitPaths, what: str, unit: str, token: str, interval: float, lease: float, on_lost: Callable[[str], None]
+    ):
+        super().__init__(f"{what}-{unit}", paths.beat(unit), token, interval, lease, on_lost)
+        self.lock = paths.lock(unit)
+
+    def check(self) -> str | None:
+        try:
+            current = fsops.read_record(self.lock, lambda data: decode(UnitClaim, data, self.lock))
+        except ValueError:
+            return None
+        if current is None:
+            return "the unit's claim is gone"
+        if current.token != self.token:
+            return f"the unit now belongs to host={current.host} pid={current.pid}"
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Units:
+    """This process's side of one directory of units: claim, keep, complete, take over."""
+
+    def __init__(self, paths: UnitPaths, what: str, lease_secs: float, heartbeat_secs: float, poll_secs: float):
+        self.paths = paths
+        self.what = what  # names the units in logs and heartbeats: "prepare", "dedup stage 1"
+        self.lease_secs = lease_secs
+        self.heartbeat_secs = heartbeat_secs
+        self.poll_secs = poll_secs
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.observer = StalenessObserver(lease_secs)
+        self.done = 0
+        self._lost: str | None = None
+
+    def is_done(self, name: str) -> bool:
+        return self.paths.result(name).exists()
+
+    def try_claim(self, name: str) -> str | None:
+        """The claim's token if this process now holds `name` (taking a stale claim over)."""
+        lock = self.paths.lock(name)
+        try:
+            current = fsops.read_record(lock, lambda data: decode(UnitClaim, data, lock))
+        except ValueError:
+            return None
+        if current is not None:
+            if not self._stale(name, current):
+                return None
+            moved = self.paths.stale_lock(name, f"stale-{new_token()[:8]}")
+            if not remove_if_token(lock, moved, current.token):
+                return None
+            log.warning("%s: took over %s from host=%s pid=%d", self.what, name, current.host, current.pid)
+            self.observer.forget(name)
+        token = new_token()
+        record = UnitClaim(token=token, host=self.host, pid=self.pid, at=time.time())
+        return token if fsops.publish_once(lock, encode(record)) else None
+
+    def _stale(self, name: str, claim: UnitClaim) -> bool:
+        if claim.host == self.host and not pid_alive(claim.pid):
+            return True
+        beat = read_heartbeat_file(self.paths.beat(name))
+        seq = beat.seq if beat is not None and beat.token == claim.token else 0
+        return self.observer.is_stale(name, claim.token, seq)
+
+    def complete(self, name: str, token: str, do: Callable[[str], bytes], crash_point: str) -> bool:
+        """Do a claimed unit under its heartbeat and publish its result; False if the claim was
+        lost meanwhile and nobody published the unit (it is pending again)."""
+        if self.is_done(name):
+            return True  # claimed just as its previous owner published it
+
+        def lost(reason: str) -> None:
+            self._lost = reason
+            log.warning("%s: lost %s: %s", self.what, name, reason)
+
+        self._lost = None
+        keeper = _UnitKeeper(self.paths, self.what, name, token, self.heartbeat_secs, self.lease_secs, lost)
+        keeper.beat()
+        keeper.start()
+        try:
+            crashpoints.reached(crash_point)
+            result = do(name)
+            crashpoints.reached(f"{crash_point}-done")
+        finally:
+            keeper.stop()
+        if self._lost is not None:
+            return self.is_done(name)
+        fsops.publish_once(self.paths.result(name), result)
+        self.done += 1
+        return True
+
+    def run_phase(
+        self,
+        names: list[str],
+        do: Callable[[str], bytes],
+        crash_point: str,
+        check: Callable[[], None] = lambda: None,
+        progress: Callable[[int], None] = lambda done: None,
+    ) -> None:
+        """Until every unit of `names` has a result: claim the first one nobody holds, do it.
+
+        One unit per pass, from the first still pending: those before it are held by other
+        processes; those after it are not looked at until the next pass. `check` runs before
+        every pass (to raise when the work as a whole failed or stopped); `progress` hears how
+        many units each pass found finished.
+        """
+        pending = list(names)
+        while pending:
+            check()
+            progressed = False
+            still: list[str] = []
+            for at, name in enumerate(pending):
+                if self.is_done(name):
+                    continue
+                token = self.try_claim(name)
+                if token is None:
+                    still.append(name)
+                    continue
+                if not self.complete(name, token, do, crash_point):
+                    still.append(name)
+                progressed = True
+                still += pending[at + 1 :]
+                break
+            progress(len(pending) - len(still))
+            pending = still
+            if pending and not progressed:
+                time.sleep(self.poll_secs)

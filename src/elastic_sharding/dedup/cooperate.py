@@ -1,0 +1,171 @@
+"""A deduplication stage shared by any number of processes: its units, in order, claimed through
+`claims/units.py` (claims, heartbeats, takeover, fencing, create-once results).
+
+Phases: `keys` (one unit per shard), `buckets` (one per bucket partition), then, for near
+duplicates, rounds of `components` (one unit per node partition) until a round sends nothing.
+Every participant decides the same next step from what is published: the plan is a function of
+the job, and whether another round is needed is the sum of the round's published results. The
+stage ends with `stage.json`, published create-once by whoever first sees it complete; the keep
+step reads the final round from it. A unit that fails publishes `failed.json`, and every
+participant ends with that error.
+
+No phase waits where work is available: a participant that finds every unit of a phase held by
+others polls until they publish (a round's units need the whole previous round).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from elastic_sharding import errors, fsops
+from elastic_sharding.claims.units import Units
+from elastic_sharding.dedup.stage import DedupStage
+from elastic_sharding.errors import ElasticShardError, JobStateError
+from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, decode, encode
+
+log = logging.getLogger(__name__)
+
+KEYS, BUCKETS, COMPONENTS = "keys", "buckets", "components"
+MAX_ROUNDS = 10_000  # a bound no real component reaches (rounds ~ its diameter)
+
+
+class StageUnits:
+    """Where a stage's units keep their claims, heartbeats and results (`claims.units.UnitPaths`)."""
+
+    def __init__(self, root: Path):
+        self.units = root / "units"
+        self.done = root / "stage.json"
+        self.failed = root / "failed.json"
+
+    def lock(self, unit: str) -> Path:
+        return self.units / f"{unit}.lock"
+
+    def stale_lock(self, unit: str, suffix: str) -> Path:
+        return self.units / f"{unit}.lock.{suffix}"
+
+    def beat(self, unit: str) -> Path:
+        return self.units / f"{unit}.beat"
+
+    def result(self, unit: str) -> Path:
+        return self.units / f"{unit}.json"
+
+
+def unit_name(phase: str, index: int, round_number: int | None = None) -> str:
+    return f"{phase}-{index:05d}" if round_number is None else f"{phase}-r{round_number:04d}-{index:05d}"
+
+
+def read_done(paths: StageUnits) -> DedupStageDone | None:
+    return fsops.read_record(paths.done, lambda data: decode(DedupStageDone, data, paths.done))
+
+
+class StageParticipant:
+    """One process's share of a stage; `rows_of(shard_index)` gives a shard's rows as the
+    previous segment of the recipe left them."""
+
+    def __init__(
+        self,
+        stage: DedupStage,
+        rows_of: Callable[[int], Iterable[dict]],
+        lease_secs: float,
+        heartbeat_secs: float,
+        poll_secs: float,
+        stop: Callable[[], bool] = lambda: False,
+        what: str = "dedup",
+    ):
+        self.stage = stage
+        self.rows_of = rows_of
+        self.stop = stop
+        self.paths = StageUnits(stage.root)
+        self.units = Units(self.paths, what, lease_secs, heartbeat_secs, poll_secs)
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self._op: Any = None
+
+    def run(self) -> DedupStageDone:
+        """Take part until the stage is complete; raises the error a participant published, or
+        `Interrupted` when asked to stop."""
+        done = read_done(self.paths)
+        if done is not None:
+            return done
+        fsops.make_dirs(self.paths.units)
+        plan = self.stage.plan
+        self._phase(KEYS, plan.num_shards, self._keys)
+        bucket_records = self._phase(BUCKETS, plan.bucket_parts, self._bucket)
+        final_round, rounds = None, 0
+        if plan.needs_components and bucket_records:
+            for round_number in range(MAX_ROUNDS):
+                rounds += 1
+                sent = self._phase(COMPONENTS, plan.node_parts, lambda q, r=round_number: self._round(r, q), round_number)
+                if sent == 0:
+                    final_round = round_number
+                    break
+            else:
+                raise JobStateError(
+                    f"{self.stage.root}: label propagation did not settle in {MAX_ROUNDS} rounds (more than any component's "
+                    "diameter should need); keep the directory for a bug report, then remove it and run the stage again"
+                )
+        fsops.publish_once(self.paths.done, encode(DedupStageDone(final_round, bucket_records, rounds)))
+        return read_done(self.paths) or DedupStageDone(final_round, bucket_records, rounds)
+
+    def _phase(self, phase: str, count: int, do: Callable[[int], int], round_number: int | None = None) -> int:
+        """Run a phase's units to completion; the sum of their counts."""
+        names = [unit_name(phase, i, round_number) for i in range(count)]
+        self.units.run_phase(names, self._guarded(do), f"dedup-{phase}", self._check)
+        return sum(self._result(name).count for name in names)
+
+    def _guarded(self, do: Callable[[int], int]) -> Callable[[str], bytes]:
+        def run(name: str) -> bytes:
+            started = time.monotonic()
+            try:
+                count = do(int(name.rsplit("-", 1)[1]))
+            except Exception as exc:
+                failure = exc if isinstance(exc, ElasticShardError) else ElasticShardError(f"{type(exc).__name__}: {exc}")
+                self._publish_failure(name, failure)
+                # The first failure published is everyone's, this participant's included.
+                raise self._published_failure() or failure from exc
+            return encode(DedupUnitDone(name, count, self.host, self.pid, round(time.monotonic() - started, 3)))
+
+        return run
+
+    def _keys(self, shard_index: int) -> int:
+        if self._op is None:
+            self._op = self.stage.plan.rule.build()
+        return self.stage.write_keys(self._op, shard_index, list(self.rows_of(shard_index)))
+
+    def _bucket(self, part: int) -> int:
+        return self.stage.run_bucket(part)
+
+    def _round(self, round_number: int, part: int) -> int:
+        return self.stage.run_round(round_number, part)
+
+    def _result(self, name: str) -> DedupUnitDone:
+        path = self.paths.result(name)
+        record = fsops.read_record(path, lambda data: decode(DedupUnitDone, data, path))
+        if record is None:
+            raise JobStateError(f"{path}: missing; the stage directory is incomplete: remove {self.stage.root} to recompute it")
+        return record
+
+    def _published_failure(self) -> ElasticShardError | None:
+        failed = fsops.read_record(self.paths.failed, lambda data: decode(DedupFailure, data, self.paths.failed))
+        if failed is None:
+            return None
+        return errors.rebuilt(failed.error, f"{failed.message} (in {failed.unit} on host={failed.host} pid={failed.pid})")
+
+    def _check(self) -> None:
+        failed = self._published_failure()
+        if failed is not None:
+            raise failed
+        if self.stop():
+            raise errors.Interrupted(f"stopped during {self.stage.root.name}")
+
+    def _publish_failure(self, unit: str, exc: ElasticShardError) -> None:
+        record = DedupFailure(unit=unit, error=type(exc).__name__, message=str(exc), host=self.host, pid=self.pid)
+        with contextlib.suppress(OSError):
+            fsops.publish_once(self.paths.failed, encode(record))
