@@ -17,9 +17,9 @@ from scipy.sparse.csgraph import connected_components
 from support.dedup_corpus import prose_rows
 from support.dj_dedup_reference import dj_kept
 
-from elastic_sharding.dedup import components, records
+from elastic_sharding.dedup import arrays, components
+from elastic_sharding.dedup.arrays import PAIRS, position
 from elastic_sharding.dedup.cooperate import StageParticipant
-from elastic_sharding.dedup.records import PAIRS, position
 from elastic_sharding.dedup.rules import DedupRule
 from elastic_sharding.dedup.stage import DedupPlan, DedupStage
 from elastic_sharding.errors import JobStateError, RecipeError
@@ -125,25 +125,25 @@ def test_a_unit_run_twice_writes_identical_bytes_and_the_second_copy_loses(tmp_p
     for shard_index, piece in enumerate(pieces):
         stage.write_keys(op, shard_index, piece)
     stage.run_bucket(1)
-    first = stage.bucket_file(1).read_bytes()
+    first = stage.files.bucket_file(1).read_bytes()
     stage.run_bucket(1)  # a takeover of a unit whose owner had already published
-    assert stage.bucket_file(1).read_bytes() == first
-    assert sorted(p.name for p in stage.bucket_file(1).parent.iterdir()) == ["00001.rec"], "no temporary file left"
+    assert stage.files.bucket_file(1).read_bytes() == first
+    assert sorted(p.name for p in stage.files.bucket_file(1).parent.iterdir()) == ["00001.rec"], "no temporary file left"
 
 
 def test_a_damaged_record_file_is_refused_naming_it(tmp_path):
     target = tmp_path / "x.rec"
-    data = np.arange(10, dtype=records.POSITIONS)
-    assert records.write(target, data, np.array([0] * 4 + [1] * 6), 2)
-    assert records.read(target, 1).tolist() == list(range(4, 10))
+    data = np.arange(10, dtype=arrays.POSITIONS)
+    assert arrays.write(target, data, np.array([0] * 4 + [1] * 6), 2)
+    assert arrays.read(target, 1).tolist() == list(range(4, 10))
     target.write_bytes(target.read_bytes()[:-8])
     with pytest.raises(JobStateError, match=r"x\.rec: truncated \(5 of 6 records\)"):
-        records.read(target, 1)
+        arrays.read(target, 1)
     target.write_bytes(b"not a record file")
     with pytest.raises(JobStateError, match=r"x\.rec: not a dedup record file"):
-        records.read(target)
+        arrays.read(target)
     with pytest.raises(JobStateError, match=r"missing\.rec: missing"):
-        records.read(tmp_path / "missing.rec")
+        arrays.read(tmp_path / "missing.rec")
 
 
 def test_a_simhash_distance_the_operator_cannot_use_is_refused_naming_both_settings():

@@ -15,7 +15,7 @@ from support.dedup_node import node_command, stage_spec
 from support.dj_dedup_reference import dj_kept
 from support.jobs import write_jsonl
 
-from elastic_sharding.dedup.cooperate import StageUnits
+from elastic_sharding.layout import StageLayout
 
 MINHASH = ("document_minhash_deduplicator", {"num_bands": 8, "num_rows_per_band": 4, "num_permutations": 32})
 SIMHASH = ("document_simhash_deduplicator", {})
@@ -60,9 +60,9 @@ def test_three_processes_share_a_stage_and_keep_exactly_data_juicers_rows(tmp_pa
     assert len(records) == 1, "every participant reports the one published stage record"
     done = json.loads(records.pop())
     assert done["kept"] == dj_kept(*operator, corpus)
-    units = sorted(p.name for p in StageUnits(root).units.glob("*.json"))
+    units = sorted(p.name for p in StageLayout(root).units.glob("*.json"))
     assert len(units) == SHARDS + BUCKET_PARTS + NODE_PARTS * done["rounds"]
-    assert not list(StageUnits(root).units.glob("*.lock.stale-*")), "nobody died: nothing was taken over"
+    assert not list(StageLayout(root).units.glob("*.lock.stale-*")), "nobody died: nothing was taken over"
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -70,7 +70,7 @@ def test_a_participant_killed_at_each_crash_point_costs_one_unit(tmp_path, corpu
     spec, root = prepare_stage(tmp_path, corpus, MINHASH)
     ((code, _, _),) = finish([start(spec, crash_at=point)])
     assert code == -9, f"the participant must die at {point}"
-    assert not StageUnits(root).done.exists()
+    assert not StageLayout(root).done.exists()
     results = finish([start(spec), start(spec)])
     assert [code for code, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
     assert "dedup: took over" in "".join(err for _, _, err in results), "the dead participant's unit is taken over"
@@ -85,7 +85,7 @@ def test_a_unit_that_fails_ends_every_participant_with_its_error_naming_the_row(
     assert [code for code, _, _ in results] == [2, 2]
     for _, _, err in results:
         assert "compute_hash failed on row 11 of shard 2: " in err and "; fix the data or the recipe (in keys-00002" in err, err
-    assert not StageUnits(root).done.exists()
+    assert not StageLayout(root).done.exists()
 
 
 def test_a_completed_stage_is_not_run_again(tmp_path, corpus):

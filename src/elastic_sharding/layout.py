@@ -193,17 +193,10 @@ def preparing_dir(job_root: Path) -> Path:
     return job_root.parent / f".{job_root.name}.preparing"
 
 
-class PrepareLayout:
-    """The paths of a prepare under way: its plan, its units' claims, heartbeats and results, and
-    the staged job directory."""
+class UnitFiles:
+    """The claim, heartbeat and result of each unit kept in `units/` (`claims.units.UnitPaths`)."""
 
-    def __init__(self, root: Path, job_root: Path):
-        self.root = root
-        self.job_root = job_root
-        self.plan = root / "plan.json"
-        self.failed = root / "failed.json"
-        self.units = root / "units"
-        self.stage = root / "stage"
+    units: Path
 
     def lock(self, unit: str) -> Path:
         return self.units / f"{unit}.lock"
@@ -217,8 +210,47 @@ class PrepareLayout:
     def result(self, unit: str) -> Path:
         return self.units / f"{unit}.json"
 
+
+class PrepareLayout(UnitFiles):
+    """The paths of a prepare under way: its plan, its units' claims, heartbeats and results, and
+    the staged job directory."""
+
+    def __init__(self, root: Path, job_root: Path):
+        self.root = root
+        self.job_root = job_root
+        self.plan = root / "plan.json"
+        self.failed = root / "failed.json"
+        self.units = root / "units"
+        self.stage = root / "stage"
+
     def blob(self, unit: str) -> Path:
         return self.units / f"{unit}.bin"
+
+
+class StageLayout(UnitFiles):
+    """A deduplication stage: its units' claims and results, its end and its failure, and the
+    create-once data files its units write (`dedup/stage.py`)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.units = root / "units"
+        self.done = root / "stage.json"
+        self.failed = root / "failed.json"
+
+    def key_file(self, shard_index: int) -> Path:
+        return self.root / "keys" / f"{shard_index:05d}.rec"
+
+    def bucket_file(self, part: int) -> Path:
+        return self.root / "buckets" / f"{part:05d}.rec"
+
+    def adjacency_file(self, part: int) -> Path:
+        return self.root / "adjacency" / f"{part:05d}.rec"
+
+    def labels_file(self, round_number: int, part: int) -> Path:
+        return self.root / "rounds" / f"{round_number:04d}" / f"labels-{part:05d}.rec"
+
+    def messages_file(self, round_number: int, part: int) -> Path:
+        return self.root / "rounds" / f"{round_number:04d}" / f"messages-{part:05d}.rec"
 
 
 def coordination_root(job_dir: Path) -> Path:

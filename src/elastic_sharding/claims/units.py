@@ -65,7 +65,7 @@ class _UnitKeeper(LeaseKeeper):
         return None
 
 
-def pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,7 +87,6 @@ class Units:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.observer = StalenessObserver(lease_secs)
-        self.done = 0
         self._lost: str | None = None
 
     def is_done(self, name: str) -> bool:
@@ -113,7 +112,7 @@ class Units:
         return token if fsops.publish_once(lock, encode(record)) else None
 
     def _stale(self, name: str, claim: UnitClaim) -> bool:
-        if claim.host == self.host and not pid_alive(claim.pid):
+        if claim.host == self.host and not _pid_alive(claim.pid):
             return True
         beat = read_heartbeat_file(self.paths.beat(name))
         seq = beat.seq if beat is not None and beat.token == claim.token else 0
@@ -142,7 +141,6 @@ class Units:
         if self._lost is not None:
             return self.is_done(name)
         fsops.publish_once(self.paths.result(name), result)
-        self.done += 1
         return True
 
     def run_phase(

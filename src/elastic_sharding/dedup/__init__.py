@@ -14,6 +14,6 @@ component. The work is units that write files, so any worker can take any of the
   keep        per shard: the positions to drop, read from the partitions that hold them.
 
 `rules.py` says which operators are supported and how each one's hash becomes bucket keys;
-`records.py` is the on-disk format of the partitioned record files; `stage.py` names the files
-of one stage and runs its units.
+`arrays.py` is the on-disk format of the partitioned record files; `stage.py` is each unit's work
+and `cooperate.py` shares a stage's units among any number of processes.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elastic_sharding.dedup.records import PAIRS, POSITIONS, shard_of
+from elastic_sharding.dedup.arrays import PAIRS, POSITIONS, shard_of
 from elastic_sharding.dedup.rules import DedupKind
 
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elastic_sharding.dedup.records import PAIRS, POSITIONS
+from elastic_sharding.dedup.arrays import PAIRS, POSITIONS
 
 
 def _per_node_min(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,52 +16,28 @@ others polls until they publish (a round's units need the whole previous round).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from elastic_sharding import errors, fsops
 from elastic_sharding.claims.units import Units
 from elastic_sharding.dedup.stage import DedupStage
 from elastic_sharding.errors import ElasticShardError, JobStateError
+from elastic_sharding.layout import StageLayout
 from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, decode, encode
-
-log = logging.getLogger(__name__)
 
 KEYS, BUCKETS, COMPONENTS = "keys", "buckets", "components"
 MAX_ROUNDS = 10_000  # a bound no real component reaches (rounds ~ its diameter)
-
-
-class StageUnits:
-    """Where a stage's units keep their claims, heartbeats and results (`claims.units.UnitPaths`)."""
-
-    def __init__(self, root: Path):
-        self.units = root / "units"
-        self.done = root / "stage.json"
-        self.failed = root / "failed.json"
-
-    def lock(self, unit: str) -> Path:
-        return self.units / f"{unit}.lock"
-
-    def stale_lock(self, unit: str, suffix: str) -> Path:
-        return self.units / f"{unit}.lock.{suffix}"
-
-    def beat(self, unit: str) -> Path:
-        return self.units / f"{unit}.beat"
-
-    def result(self, unit: str) -> Path:
-        return self.units / f"{unit}.json"
 
 
 def unit_name(phase: str, index: int, round_number: int | None = None) -> str:
     return f"{phase}-{index:05d}" if round_number is None else f"{phase}-r{round_number:04d}-{index:05d}"
 
 
-def read_done(paths: StageUnits) -> DedupStageDone | None:
+def read_done(paths: StageLayout) -> DedupStageDone | None:
     return fsops.read_record(paths.done, lambda data: decode(DedupStageDone, data, paths.done))
 
 
@@ -82,7 +58,7 @@ class StageParticipant:
         self.stage = stage
         self.rows_of = rows_of
         self.stop = stop
-        self.paths = StageUnits(stage.root)
+        self.paths = stage.files
         self.units = Units(self.paths, what, lease_secs, heartbeat_secs, poll_secs)
         self.host = socket.gethostname()
         self.pid = os.getpid()

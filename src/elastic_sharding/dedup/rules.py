@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from elastic_sharding.dedup.records import KEYS, position
+from elastic_sharding.dedup.arrays import KEYS, position
 from elastic_sharding.errors import RecipeError
 
 

@@ -1,13 +1,6 @@
-"""One deduplication stage: its plan, the files of its units, and each unit's work.
-
-The files live under the stage's directory and are all create-once, so a unit that is run twice
-(a takeover, a fenced straggler) writes identical bytes and the loser's copy is discarded:
-
-  keys/<shard>.rec        bucket records of one shard, partitioned by bucket partition
-  buckets/<p>.rec         drops (exact) or edges (near), partitioned by node partition
-  rounds/<r>/labels-<q>.rec, rounds/<r>/messages-<q>.rec
-                          the labels of node partition q after round r, and what it sends
-"""
+"""One deduplication stage: its plan and each unit's work, over the create-once record files
+that `layout.StageLayout` names: a unit run twice (a takeover, a fenced straggler) writes
+identical bytes and the late copy is discarded."""
 
 from __future__ import annotations
 
@@ -19,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from elastic_sharding import fsops
-from elastic_sharding.dedup import buckets, components, records
-from elastic_sharding.dedup.records import KEYS, PAIRS, POSITIONS, position
+from elastic_sharding.dedup import arrays, buckets, components
+from elastic_sharding.dedup.arrays import KEYS, PAIRS, POSITIONS, position
 from elastic_sharding.dedup.rules import DedupKind, DedupRule
+from elastic_sharding.layout import StageLayout
 
 RECORDS_PER_BUCKET_UNIT = 1 << 21  # 64 MiB of key records: what one bucket unit sorts
 ROWS_PER_NODE_PART = 1 << 22
@@ -56,39 +50,22 @@ class DedupStage:
     def __init__(self, root: Path, plan: DedupPlan):
         self.root = root
         self.plan = plan
-
-    # -- names --------------------------------------------------------------------------------
-
-    def key_file(self, shard_index: int) -> Path:
-        return self.root / "keys" / f"{shard_index:05d}.rec"
-
-    def bucket_file(self, part: int) -> Path:
-        return self.root / "buckets" / f"{part:05d}.rec"
-
-    def round_dir(self, round_number: int) -> Path:
-        return self.root / "rounds" / f"{round_number:04d}"
-
-    def labels_file(self, round_number: int, part: int) -> Path:
-        return self.round_dir(round_number) / f"labels-{part:05d}.rec"
-
-    def messages_file(self, round_number: int, part: int) -> Path:
-        return self.round_dir(round_number) / f"messages-{part:05d}.rec"
-
-    def adjacency_file(self, part: int) -> Path:
-        return self.root / "adjacency" / f"{part:05d}.rec"
+        self.files = StageLayout(root)
 
     # -- units --------------------------------------------------------------------------------
 
     def write_keys(self, op: Any, shard_index: int, rows: list[dict]) -> int:
         """Unit (a): the operator's hash of every row of one shard, as bucket records."""
         keys = self.plan.rule.key_records(op, rows, shard_index)
-        self._write(self.key_file(shard_index), keys, buckets.bucket_parts(keys, self.plan.bucket_parts), self.plan.bucket_parts)
+        self._write(
+            self.files.key_file(shard_index), keys, buckets.bucket_parts(keys, self.plan.bucket_parts), self.plan.bucket_parts
+        )
         return len(keys)
 
     def run_bucket(self, part: int) -> int:
         """Unit (b): one bucket partition of every shard's keys; returns the records written."""
         plan = self.plan
-        keys = records.read_all_parts([self.key_file(s) for s in range(plan.num_shards)], part, KEYS)
+        keys = arrays.read_all_parts([self.files.key_file(s) for s in range(plan.num_shards)], part, KEYS)
         distance = plan.rule.simhash_blocks()[1] if plan.rule.kind == DedupKind.SIMHASH else 0
         out = buckets.reduce_bucket(plan.rule.kind, keys, distance)
         if plan.needs_components:
@@ -96,24 +73,26 @@ class DedupStage:
             parts = buckets.node_parts(out["node"], plan.num_shards, plan.node_parts)
         else:
             parts = buckets.node_parts(out, plan.num_shards, plan.node_parts)
-        self._write(self.bucket_file(part), out, parts, plan.node_parts)
+        self._write(self.files.bucket_file(part), out, parts, plan.node_parts)
         return len(out)
 
     def run_round(self, round_number: int, part: int) -> int:
         """Unit (c): one node partition's round of label propagation; returns the messages sent."""
         plan = self.plan
         if round_number == 0:
-            edges = records.read_all_parts([self.bucket_file(p) for p in range(plan.bucket_parts)], part, PAIRS)
+            edges = arrays.read_all_parts([self.files.bucket_file(p) for p in range(plan.bucket_parts)], part, PAIRS)
             adjacency, state, messages = components.first_round(edges)
-            self._write(self.adjacency_file(part), adjacency)
+            self._write(self.files.adjacency_file(part), adjacency)
         else:
-            adjacency = records.read(self.adjacency_file(part))
-            state = records.read(self.labels_file(round_number - 1, part))
-            inbox = records.read_all_parts([self.messages_file(round_number - 1, q) for q in range(plan.node_parts)], part, PAIRS)
+            adjacency = arrays.read(self.files.adjacency_file(part))
+            state = arrays.read(self.files.labels_file(round_number - 1, part))
+            inbox = arrays.read_all_parts(
+                [self.files.messages_file(round_number - 1, q) for q in range(plan.node_parts)], part, PAIRS
+            )
             state, messages = components.next_round(adjacency, state, inbox)
-        self._write(self.labels_file(round_number, part), state)
+        self._write(self.files.labels_file(round_number, part), state)
         targets = buckets.node_parts(messages["node"], plan.num_shards, plan.node_parts)
-        self._write(self.messages_file(round_number, part), messages, targets, plan.node_parts)
+        self._write(self.files.messages_file(round_number, part), messages, targets, plan.node_parts)
         return len(messages)
 
     def drops(self, shard_index: int, final_round: int | None) -> np.ndarray:
@@ -123,12 +102,14 @@ class DedupStage:
         if plan.needs_components:
             if final_round is None:  # no edges at all: every row is kept
                 return np.empty(0, dtype=POSITIONS)
-            dropped = components.dropped(records.read(self.labels_file(final_round, part)))
+            dropped = components.dropped(arrays.read(self.files.labels_file(final_round, part)))
         else:
-            dropped = np.sort(records.read_all_parts([self.bucket_file(p) for p in range(plan.bucket_parts)], part, POSITIONS))
+            dropped = np.sort(
+                arrays.read_all_parts([self.files.bucket_file(p) for p in range(plan.bucket_parts)], part, POSITIONS)
+            )
         low, high = np.searchsorted(dropped, [position(shard_index, 0), position(shard_index + 1, 0)])
         return dropped[low:high] - position(shard_index, 0)
 
     def _write(self, target: Path, data: np.ndarray, parts: np.ndarray | None = None, num_parts: int = 1) -> None:
         fsops.make_dirs(target.parent)
-        records.write(target, data, parts, num_parts)
+        arrays.write(target, data, parts, num_parts)
