@@ -2,8 +2,9 @@
 
 A real `kill -9` lands wherever the process happens to be; to prove that a crash at *each* step
 of the protocol loses nothing, the fault matrix also needs to stop a process exactly between two
-steps. `ELASTIC_SHARD_CRASH_AT=<point>[@<n>]` makes this process SIGKILL itself the n-th time
-(default: the first) it reaches `point`. Without that variable, which nobody sets in production,
+steps. `ELASTIC_SHARD_CRASH_AT=<point>[@<n>][:stop]` makes this process SIGKILL itself the n-th time
+(default: the first) it reaches `point` (with `:stop`, SIGSTOP itself there instead: frozen
+exactly where it holds something, until the test sends SIGCONT). Without that variable, which nobody sets in production,
 `reached()` is one comparison.
 
 Points: `claimed` (a claim was published, nothing else yet), `staged` (attempt directory, record
@@ -28,11 +29,12 @@ import signal
 ENV = "ELASTIC_SHARD_CRASH_AT"
 
 
-def _parse(spec: str | None) -> tuple[str, int] | None:
+def _parse(spec: str | None) -> tuple[str, int, signal.Signals] | None:
     if not spec:
         return None
-    point, _, nth = spec.partition("@")
-    return point, int(nth) if nth else 1
+    stop = spec.endswith(":stop")
+    point, _, nth = spec.removesuffix(":stop").partition("@")
+    return point, int(nth) if nth else 1, signal.SIGSTOP if stop else signal.SIGKILL
 
 
 _target = _parse(os.environ.get(ENV))
@@ -40,10 +42,10 @@ _seen = 0
 
 
 def reached(point: str) -> None:
-    """SIGKILL this process if it is the configured crash point's n-th visit."""
+    """SIGKILL (or SIGSTOP) this process if it is the configured crash point's n-th visit."""
     global _seen
     if _target is None or point != _target[0]:
         return
     _seen += 1
     if _seen == _target[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _target[2])

@@ -26,6 +26,11 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               bench's stand-in model): one of its warm instances is killed (kill -9) or frozen
               (SIGSTOP, a hang) mid-shard; only the attempts with rows in it fail, the pool
               replaces it, and every instance loads its model once
+  dedup-kill  a deduplication stage (real Data-Juicer operators, no Ray) shared by a participant on
+              every node: one of them killed, or frozen for two leases, at a crash point of a
+              phase (keys, buckets, components; before or after the unit's work), the others
+              starting with it or once it met its fault; every other participant (and the
+              resumed one) exits 0 and reads exactly the rows one Data-Juicer run keeps
   prepare-kill  a cooperative prepare by two or three participants (`prepare`, or the helper that
               joins one) on separate nodes: one of them killed at a crash point of a phase (scan,
               cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
@@ -76,6 +81,8 @@ from elastic_sharding.prepare.plan import UNIT_BYTES_ENV, write_units  # noqa: E
 from elastic_sharding.records import Settings  # noqa: E402
 from elastic_sharding.work.worker import Worker, WorkerOptions  # noqa: E402
 from support.cluster import Cluster, Node, cluster_available  # noqa: E402
+from support.dedup_corpus import prose_rows  # noqa: E402
+from support.dedup_node import node_command, stage_spec  # noqa: E402
 from support.e2e_support import processes_with  # noqa: E402
 from support.fake_worker import launch_command, worker_command  # noqa: E402
 from support.fakes import FakeRunner, fake_recipe_keep  # noqa: E402
@@ -113,6 +120,7 @@ KINDS = {
     "enospc": 1,
     "actor": 1,
     "prepare-kill": 2,
+    "dedup-kill": 2,
 }
 CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
 COORDINATOR_POINTS = (
@@ -151,6 +159,15 @@ PREPARE_POINTS = (
     "prepare-staged",
 )
 PREPARE_PHASES = ("scan", "cut", "write", "recipe", "final")
+# A deduplication stage over a few shards of prose with planted duplicates: the simhash
+# operator as published, and a small minhash one whose chains take several rounds.
+DEDUP_ROWS, DEDUP_SHARDS, DEDUP_LEASE = 900, (3, 4, 6), 3.0
+DEDUP_OPERATORS = (
+    ("document_simhash_deduplicator", {}),
+    ("document_minhash_deduplicator", {"num_bands": 8, "num_rows_per_band": 4, "num_permutations": 32}),
+)
+DEDUP_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "components") for end in ("", "-done"))
+DEDUP_EXIT_SECS = 120
 PREPARE_EXIT_SECS = 90  # how long a participant may take to exit once the fault has been injected
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
@@ -326,6 +343,7 @@ class Harness:
         self.expected_ids = [orjson.loads(line)["id"] for line in self.reference.splitlines()]
         self._actor_template: Template | None = None
         self._prepare_reference: PrepareReference | None = None
+        self._dedup_expected: dict[int, list[int]] = {}
         self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -931,6 +949,74 @@ class Harness:
             time.sleep(0.005)
         return waiter.stdout.read().strip() or "timeout"
 
+    def dedup_expected(self, operator: int) -> list[int]:
+        """The rows one Data-Juicer run of `DEDUP_OPERATORS[operator]` keeps (computed once)."""
+        if operator not in self._dedup_expected:
+            from support.dj_dedup_reference import dj_kept
+
+            self._dedup_expected[operator] = dj_kept(*DEDUP_OPERATORS[operator], prose_rows(DEDUP_ROWS, seed=5))
+        return self._dedup_expected[operator]
+
+    def trial_dedup_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A deduplication stage on every node, one participant killed or frozen at a crash point."""
+        operator = rng.randrange(len(DEDUP_OPERATORS))
+        shards = rng.choice(DEDUP_SHARDS)
+        victim = rng.randrange(len(self.cluster.nodes))
+        stop = rng.random() < 0.3
+        point = rng.choice(DEDUP_POINTS) + f"@{rng.choice((1, 1, 2))}" + (":stop" if stop else "")
+        together = rng.random() < 0.4  # the others start with the victim, not once it met its fault
+        outcome = Outcome(
+            "dedup-kill",
+            f"{DEDUP_OPERATORS[operator][0].split('_')[1]} x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} "
+            f"at {point.removesuffix(':stop')}" + (", together" if together else ""),
+        )
+        rows = prose_rows(DEDUP_ROWS, seed=5)
+        cut = [len(rows) * i // shards for i in range(shards + 1)]
+        files = [write_jsonl(log_dir / "shards" / f"{i}.jsonl", rows[cut[i] : cut[i + 1]]) for i in range(shards)]
+        root = self.cluster.mount / name / "stage"
+        spec = stage_spec(log_dir / "spec.json", root, *DEDUP_OPERATORS[operator], files, rng.choice((1, 2, 3)),
+                          rng.randint(1, shards), lease_secs=DEDUP_LEASE)  # fmt: skip
+        logs = [log_dir / f"participant-{i}.log" for i in range(len(self.cluster.nodes))]
+
+        def start(i: int, env: dict[str, str]) -> subprocess.Popen:
+            with open(logs[i], "wb") as log:
+                return self.node(i).popen(node_command(spec), env=self.env(**env), stdout=subprocess.PIPE, stderr=log, text=True)
+
+        procs = {victim: start(victim, {"ELASTIC_SHARD_CRASH_AT": point})}
+        met = together or _await_fault(procs[victim], stop, DEDUP_EXIT_SECS)
+        procs.update({i: start(i, {}) for i in range(len(self.cluster.nodes)) if i != victim})
+        if stop and (together and _await_fault(procs[victim], stop, DEDUP_EXIT_SECS) or met):
+            time.sleep(2 * DEDUP_LEASE + 1)
+            procs[victim].send_signal(signal.SIGCONT)
+            outcome.counts["dedup_stalls"] += 1
+        outputs = {}
+        for i, proc in sorted(procs.items()):
+            try:
+                outputs[i] = proc.communicate(timeout=DEDUP_EXIT_SECS)[0]
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                outputs[i] = proc.communicate()[0]
+        codes = {i: proc.returncode for i, proc in procs.items()}
+        killed = codes[victim] == -signal.SIGKILL
+        outcome.counts["dedup_kills"] += killed
+        outcome.counts["dedup_takeovers"] += sum(log.read_text(errors="replace").count("dedup: took over") for log in logs)
+        outcome.check(
+            all(code == 0 for i, code in codes.items() if not (i == victim and killed and not stop)),
+            f"participants exited {codes} (-9 after a freeze: still running after {DEDUP_EXIT_SECS} s): "
+            + " | ".join(f"{i}: {last_line(logs[i].read_text(errors='replace'))}" for i, c in codes.items() if c != 0),
+        )  # fmt: skip
+        expected = self.dedup_expected(operator)
+        for i, out in outputs.items():
+            if codes[i] != 0:
+                continue
+            kept = json.loads(out)["kept"]
+            outcome.rows_lost += len(set(expected) - set(kept))
+            outcome.rows_duplicated += len(kept) - len(set(kept)) + len(set(kept) - set(expected))
+            outcome.identical = kept == expected if outcome.identical is None else outcome.identical and kept == expected
+        outcome.check(outcome.identical is True, "a participant read other rows than one Data-Juicer run keeps")
+        return outcome
+
     def trial_prepare_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         """A cooperative prepare on separate nodes, one participant killed (or frozen) in a phase."""
         return self.prepare_case(name, log_dir, self.draw_prepare_case(rng), rng)
@@ -1133,6 +1219,21 @@ def prepare_rows(n: int) -> list[dict]:
     return rows
 
 
+def _await_fault(proc: subprocess.Popen, stop: bool, timeout: float) -> bool:
+    """Until `proc` stopped itself (`stop`) or died by SIGKILL at its crash point: True if it did,
+    False if it ended otherwise (it never reached the point) or the timeout passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc.returncode == -signal.SIGKILL
+        if stop:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] == "T":
+                    return True
+        time.sleep(0.05)
+    return False
+
+
 def wait(proc: subprocess.Popen, timeout: float) -> int | None:
     """The exit code, after a SIGCONT in case the process was left stopped; kills it on timeout."""
     with contextlib.suppress(ProcessLookupError):
@@ -1216,6 +1317,7 @@ class Summary:
             f"drains={c['drains']} coordinator_kills={c['coordinator_kills']} corruptions={c['corruptions']} enospc={c['enospc']} "
             f"actor_kills={c['actor_kills']} actor_freezes={c['actor_freezes']} "
             f"prepare_kills={c['prepare_kills']} prepare_stalls={c['prepare_stalls']} "
+            f"dedup_kills={c['dedup_kills']} dedup_stalls={c['dedup_stalls']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"
