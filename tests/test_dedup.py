@@ -21,7 +21,7 @@ from elastic_sharding.dedup import arrays, components
 from elastic_sharding.dedup.arrays import PAIRS, position
 from elastic_sharding.dedup.cooperate import StageParticipant
 from elastic_sharding.dedup.rules import DedupRule
-from elastic_sharding.dedup.stage import DedupPlan, DedupStage
+from elastic_sharding.dedup.stage import RECORDS_PER_BUCKET_UNIT, ROWS_PER_NODE_PART, DedupPlan, DedupStage
 from elastic_sharding.errors import JobStateError, RecipeError
 
 OPERATORS = [
@@ -149,3 +149,14 @@ def test_a_damaged_record_file_is_refused_naming_it(tmp_path):
 def test_a_simhash_distance_the_operator_cannot_use_is_refused_naming_both_settings():
     with pytest.raises(RecipeError, match=r"hamming_distance \(6\) must be .* less than num_blocks \(6\)"):
         DedupRule("document_simhash_deduplicator", {"num_blocks": 6, "hamming_distance": 6}).simhash_blocks()
+
+
+def test_a_plan_bounds_what_one_unit_holds_whatever_the_input_size():
+    rule = DedupRule("document_simhash_deduplicator", {})
+    small = DedupPlan.for_rows(rule, fanout=15, num_shards=8, rows=10_000)
+    assert (small.bucket_parts, small.node_parts) == (1, 1)
+    for rows in (10_000_000, 100_000_000):
+        plan = DedupPlan.for_rows(rule, fanout=15, num_shards=2_000, rows=rows)
+        assert rows * 15 / plan.bucket_parts <= RECORDS_PER_BUCKET_UNIT, "a bucket unit sorts at most its bound"
+        assert rows / plan.node_parts <= ROWS_PER_NODE_PART
+    assert DedupPlan.for_rows(rule, fanout=15, num_shards=3, rows=10**9).node_parts == 3, "never more node partitions than shards"
