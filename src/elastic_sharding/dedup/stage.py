@@ -18,7 +18,7 @@ from elastic_sharding.dedup.rules import DedupKind, DedupRule
 from elastic_sharding.layout import StageLayout
 
 RECORDS_PER_BUCKET_UNIT = 1 << 21  # 64 MiB of key records: what one bucket unit sorts
-ROWS_PER_NODE_PART = 1 << 22
+ROWS_PER_NODE_PART = 1 << 22  # rows one components unit covers (it holds only their edges)
 MAX_PARTS = 4096
 
 
@@ -47,6 +47,8 @@ class DedupPlan:
 
 
 class DedupStage:
+    """The units of one stage in the directory `root`; `dedup.cooperate` decides who runs which."""
+
     def __init__(self, root: Path, plan: DedupPlan):
         self.root = root
         self.plan = plan
