@@ -116,10 +116,18 @@ RECIPE_CASES = {
     "empty process": ("dataset_path: {dataset}\nprocess: []\n", r"'process' must be a non-empty list"),
     "unknown op": ("dataset_path: {dataset}\nprocess:\n  - no_such_mapper:\n", r"process\[0\] no_such_mapper: unknown operator"),
     "op not a mapping": ("dataset_path: {dataset}\nprocess:\n  - [a, b]\n", r"process\[0\] must be an operator name"),
-    "deduplicator": ("dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n", r"is a Deduplicator"),
+    "deduplicator not run across shards": (
+        "dataset_path: {dataset}\nprocess:\n  - document_line_deduplicator:\n",
+        r"process\[0\] document_line_deduplicator: is a Deduplicator, .* are document_deduplicator, "
+        r"document_simhash_deduplicator and document_minhash_deduplicator\); remove it",
+    ),
+    "simhash distance not below its blocks": (
+        "dataset_path: {dataset}\nprocess:\n  - document_simhash_deduplicator:\n      num_blocks: 4\n      hamming_distance: 4\n",
+        r"process\[0\] document_simhash_deduplicator: .*hamming_distance \(4\) must be at least 1 and less than num_blocks \(4\)",
+    ),
     "ray deduplicator": (
         "dataset_path: {dataset}\nprocess:\n  - ray_document_deduplicator:\n",
-        r"process\[0\] ray_document_deduplicator: is Data-Juicer's Ray-only deduplicator, .* run document_deduplicator",
+        r"process\[0\] ray_document_deduplicator: is Data-Juicer's Ray-only deduplicator, .* use document_deduplicator in its place",
     ),
     "selector": ("dataset_path: {dataset}\nprocess:\n  - random_selector:\n", r"is a Selector"),
     "grouper": ("dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n", r"is a Grouper"),
@@ -155,7 +163,7 @@ RECIPE_CASES = {
         r"config parser rejects the recipe: Option 'export_pth' is not accepted",
     ),
     "op skip_op_error not a recipe error": (
-        "dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n      skip_op_error: true\n",
+        "dataset_path: {dataset}\nprocess:\n  - document_line_deduplicator:\n      skip_op_error: true\n",
         r"is a Deduplicator",
     ),
     "read_options not a mapping": (

@@ -35,7 +35,25 @@ def check_attempt_id(attempt_id: str) -> str:
 
 @dataclass(frozen=True)
 class JobLayout:
+    """The job directory `root`, seen from one segment of its recipe: segment 0's shards, attempts
+    and claims sit in the job directory itself, segment k's beside its deduplication stage in
+    `stages/<k>/` (`segment(k)`); the manifest, recipe, caches and merge are the job's."""
+
     root: Path
+    segment_index: int = 0
+
+    def segment(self, index: int) -> JobLayout:
+        return JobLayout(self.root, index)
+
+    def stage_dir(self, index: int) -> Path:
+        """Deduplication stage `index` (>= 1) and the recipe segment that follows it."""
+        if index < 1:
+            raise JobStateError(f"stage {index} does not exist (stages count from 1); report this as a bug")
+        return self.root / "stages" / str(index)
+
+    @property
+    def base(self) -> Path:
+        return self.root if self.segment_index == 0 else self.stage_dir(self.segment_index)
 
     @property
     def manifest(self) -> Path:
@@ -47,7 +65,7 @@ class JobLayout:
 
     @property
     def shards_dir(self) -> Path:
-        return self.root / "shards"
+        return self.base / "shards"
 
     @property
     def cache_dir(self) -> Path:
@@ -55,7 +73,7 @@ class JobLayout:
 
     @property
     def attempts_root(self) -> Path:
-        return self.root / "attempts"
+        return self.base / "attempts"
 
     @property
     def runtime_logs(self) -> Path:
@@ -64,7 +82,7 @@ class JobLayout:
 
     @property
     def state(self) -> Path:
-        return self.root / "state"
+        return self.base / "state"
 
     @property
     def merge_record(self) -> Path:
@@ -78,7 +96,7 @@ class JobLayout:
     def own_names(self) -> frozenset[str]:
         """The names the tool keeps directly in the job directory: no output may take one."""
         paths = (self.manifest, self.recipe, self.merge_record, self.shards_dir, self.attempts_root, self.state)
-        return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs))
+        return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs, self.root / "stages"))
 
     def shard_input(self, shard_id: str) -> Path:
         return self.shards_dir / f"{check_shard_id(shard_id)}.jsonl"
@@ -236,6 +254,14 @@ class StageLayout(UnitFiles):
         self.units = root / "units"
         self.done = root / "stage.json"
         self.failed = root / "failed.json"
+
+    @staticmethod
+    def unit_name(phase: str, index: int, round_number: int | None = None) -> str:
+        return f"{phase}-{index:05d}" if round_number is None else f"{phase}-r{round_number:04d}-{index:05d}"
+
+    def kept(self, shard_index: int) -> Path:
+        """The result of the keep unit of one shard (`records.KeptShard`)."""
+        return self.result(self.unit_name("keep", shard_index))
 
     def key_file(self, shard_index: int) -> Path:
         return self.root / "keys" / f"{shard_index:05d}.rec"

@@ -5,12 +5,15 @@ Phases: `keys` (one unit per shard), `buckets` (one per bucket partition), then,
 duplicates, rounds of `components` (one unit per node partition) until a round sends nothing.
 Every participant decides the same next step from what is published: the plan is a function of
 the job, and whether another round is needed is the sum of the round's published results. The
-stage ends with `stage.json`, published create-once by whoever first sees it complete; the keep
-step reads the final round from it. A unit that fails publishes `failed.json`, and every
-participant ends with that error.
+stage's end is `stage.json`, published create-once by whoever first sees it complete; then come
+the `keep` units, one per shard, which read the final round from it (what a kept shard becomes
+is the caller's: `keep`). A unit that fails publishes `failed.json`, and every participant ends
+with that error.
 
 No phase waits where work is available: a participant that finds every unit of a phase held by
-others polls until they publish (a round's units need the whole previous round).
+others polls until they publish (a round's units need the whole previous round), and a worker
+still waiting for the last shards of the previous segment hashes the finished ones meanwhile
+(`help_with_keys`).
 """
 
 from __future__ import annotations
@@ -22,19 +25,22 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from elastic_sharding import errors, fsops
 from elastic_sharding.claims.units import Units
 from elastic_sharding.dedup.stage import DedupStage
 from elastic_sharding.errors import ElasticShardError, JobStateError
 from elastic_sharding.layout import StageLayout
-from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, decode, encode
+from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard, decode, encode
 
-KEYS, BUCKETS, COMPONENTS = "keys", "buckets", "components"
+KEYS, BUCKETS, COMPONENTS, KEEP = "keys", "buckets", "components", "keep"
+PHASES = (KEYS, BUCKETS, COMPONENTS, KEEP)
 MAX_ROUNDS = 10_000  # a bound no real component reaches (rounds ~ its diameter)
 
-
-def unit_name(phase: str, index: int, round_number: int | None = None) -> str:
-    return f"{phase}-{index:05d}" if round_number is None else f"{phase}-r{round_number:04d}-{index:05d}"
+unit_name = StageLayout.unit_name
+# What the caller makes of one kept shard: (shard index, the row indices dropped) -> its record.
+Keep = Callable[[int, np.ndarray], KeptShard]
 
 
 def read_done(paths: StageLayout) -> DedupStageDone | None:
@@ -54,23 +60,52 @@ class StageParticipant:
         poll_secs: float,
         stop: Callable[[], bool] = lambda: False,
         what: str = "dedup",
+        keep: Keep | None = None,
+        op: Any = None,
     ):
         self.stage = stage
         self.rows_of = rows_of
         self.stop = stop
+        self.keep = keep
         self.paths = stage.files
         self.units = Units(self.paths, what, lease_secs, heartbeat_secs, poll_secs)
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self._op: Any = None
+        self._op: Any = op
 
     def run(self) -> DedupStageDone:
-        """Take part until the stage is complete; raises the error a participant published, or
-        `Interrupted` when asked to stop."""
+        """Take part until the stage is complete (and, with `keep`, every shard kept); raises the
+        error a participant published, or `Interrupted` when asked to stop."""
         done = read_done(self.paths)
-        if done is not None:
-            return done
+        if done is None:
+            fsops.make_dirs(self.paths.units)
+            done = self._find_duplicates()
+        if self.keep is not None:
+            keep = self.keep
+            names = [unit_name(KEEP, i) for i in range(self.stage.plan.num_shards)]
+            drops = self.stage.drops
+            self.units.run_phase(
+                names, self._guarded(lambda i: keep(i, drops(i, done.final_round))), f"dedup-{KEEP}", self._check
+            )
+        return done
+
+    def help_with_keys(self, ready: Callable[[int], bool]) -> bool:
+        """Do one keys unit whose shard is `ready` and nobody holds; False if there is none."""
+        if read_done(self.paths) is not None:
+            return False
+        self._check()
         fsops.make_dirs(self.paths.units)
+        for shard_index in range(self.stage.plan.num_shards):
+            name = unit_name(KEYS, shard_index)
+            if self.units.is_done(name) or not ready(shard_index):
+                continue
+            token = self.units.try_claim(name)
+            if token is not None:
+                self.units.complete(name, token, self._guarded(self._keys), f"dedup-{KEYS}")
+                return True
+        return False
+
+    def _find_duplicates(self) -> DedupStageDone:
         plan = self.stage.plan
         self._phase(KEYS, plan.num_shards, self._keys)
         bucket_records = self._phase(BUCKETS, plan.bucket_parts, self._bucket)
@@ -96,7 +131,7 @@ class StageParticipant:
         self.units.run_phase(names, self._guarded(do), f"dedup-{phase}", self._check)
         return sum(self._result(name).count for name in names)
 
-    def _guarded(self, do: Callable[[int], int]) -> Callable[[str], bytes]:
+    def _guarded(self, do: Callable[[int], int | KeptShard]) -> Callable[[str], bytes]:
         def run(name: str) -> bytes:
             started = time.monotonic()
             try:
@@ -106,6 +141,8 @@ class StageParticipant:
                 self._publish_failure(name, failure)
                 # The first failure published is everyone's, this participant's included.
                 raise self._published_failure() or failure from exc
+            if isinstance(count, KeptShard):
+                return encode(count)
             return encode(DedupUnitDone(name, count, self.host, self.pid, round(time.monotonic() - started, 3)))
 
         return run

@@ -9,6 +9,7 @@ after a merge, need not hash them again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -33,7 +34,8 @@ from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.snapshot import counts, job_views
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import CompletionRecord, load
+from elastic_sharding.records import CompletionRecord, KeptShard, Manifest, load
+from elastic_sharding.segments import job_segments, kept_shards, segment_input, segment_specs
 from elastic_sharding.vocabulary import ShardState
 from elastic_sharding.work.collect import file_stats
 
@@ -54,16 +56,40 @@ SHARD_CHANGED = (
 
 @next_step(SHARD_CHANGED, IntegrityError)
 def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> list[tuple[CompletionRecord, Path]]:
-    """Every shard's completion record and output path, in manifest order; the job must be done."""
+    """Every shard's completion record and output path in the job's last recipe segment, in
+    manifest order; the job must be done."""
     manifest = layout.load_manifest()
+    last = job_segments(manifest)[-1]
+    if last.index == 0:
+        return _segment_outputs(layout, manifest, lock_timeout)
+    kept = kept_shards(layout, manifest, last.index)
+    if kept is None:
+        raise JobStateError(
+            f"job is not complete: deduplication stage {last.index} has not kept every shard yet. Run workers "
+            "(or `retry` what failed) first"
+        )
+    if last.has_ops:
+        view = dataclasses.replace(manifest, shards=segment_specs(kept))
+        return _segment_outputs(layout.segment(last.index), view, lock_timeout)
+    return [(_kept_as_completion(k), segment_input(layout, last.index, k.shard_id)) for k in kept]
+
+
+def _kept_as_completion(kept: KeptShard) -> CompletionRecord:
+    """A keep unit's result read as the completion of a last segment without operators."""
+    fields = {f.name: getattr(kept, f.name) for f in dataclasses.fields(CompletionRecord)}
+    return CompletionRecord(**fields)
+
+
+def _segment_outputs(layout: JobLayout, manifest: Manifest, lock_timeout: float | None) -> list[tuple[CompletionRecord, Path]]:
     timeout = lock_timeout if lock_timeout is not None else manifest.request.settings.lock_timeout_secs
     views = job_views(layout, manifest, timeout)
     summary = counts(views)
     if summary[ShardState.DONE] != len(views):
         missing = [v.shard_id for v in views if v.state != ShardState.DONE]
         detail = ", ".join(f"{state} {n}" for state, n in summary.items() if n)
+        where = f" in recipe segment {layout.segment_index}" if layout.segment_index else ""
         raise JobStateError(
-            f"job is not complete ({detail}); first unfinished shard: {missing[0]}. Run workers (or `retry` failed shards) first"
+            f"job is not complete ({detail}{where}); first unfinished shard: {missing[0]}. Run workers (or `retry` failed shards) first"
         )
     result = []
     for view in views:

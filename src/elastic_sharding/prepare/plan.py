@@ -102,6 +102,7 @@ def make_plan(
         "index_key": recipe.index_key,
         "media_keys": list(recipe.media_keys),
         "warnings": list(recipe.warnings),
+        "segments": [dataclasses.asdict(segment) for segment in recipe.segments],
     }
     settings = request.settings
     key_source = orjson.dumps(

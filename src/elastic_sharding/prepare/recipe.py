@@ -17,7 +17,9 @@ from typing import Any
 
 import yaml
 
+from elastic_sharding.dedup.rules import RAY_TWINS, SUPPORTED, DedupKind, DedupRule
 from elastic_sharding.errors import RecipeError, UsageError
+from elastic_sharding.records import SegmentSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,28 @@ class Recipe:
 
     @property
     def ops(self) -> list[tuple[str, dict[str, Any]]]:
-        return [_op_entry(item, i, self.source) for i, item in enumerate(self.config["process"])]
+        return operator_entries(self.config, self.source)
+
+    @property
+    def segments(self) -> list[SegmentSpec]:
+        """The recipe cut at each deduplicator that runs as a stage across all shards."""
+        segments: list[SegmentSpec] = []
+        start, dedup = 0, None
+        for position, (name, _params) in enumerate(self.ops):
+            if name in SUPPORTED:
+                segments.append(SegmentSpec(len(segments), start, position, dedup))
+                start, dedup = position + 1, position
+        segments.append(SegmentSpec(len(segments), start, len(self.config["process"]), dedup))
+        return segments
 
 
 def dump_config(config: dict[str, Any]) -> bytes:
     return yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode()
+
+
+def operator_entries(config: dict[str, Any], source: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The recipe's `process` as (operator name, arguments) pairs."""
+    return [_op_entry(item, i, source) for i, item in enumerate(config["process"])]
 
 
 def _op_entry(item: Any, position: int, source: Path) -> tuple[str, dict[str, Any]]:
@@ -210,9 +229,7 @@ def check_with_engine(recipe: Recipe) -> None:
     registry, kinds = _operator_registry(recipe.config.get("custom_operator_paths") or [], where)
     from data_juicer.core.executor.dag_execution_strategies import is_global_operation
 
-    from elastic_sharding.dedup.rules import RAY_TWINS
-
-    for position, (name, _params) in enumerate(recipe.ops):
+    for position, (name, params) in enumerate(recipe.ops):
         label = f"{where}: process[{position}] {name}"
         cls = registry.get(name)
         if cls is None:
@@ -222,14 +239,28 @@ def check_with_engine(recipe: Recipe) -> None:
         if name in RAY_TWINS:
             raise RecipeError(
                 f"{label}: is Data-Juicer's Ray-only deduplicator, which keeps whichever duplicate reaches its shared "
-                f"state first, so two runs can keep different rows; remove it and run {RAY_TWINS[name]} (the same "
-                "rule, deterministic) on the merged output"
+                f"state first, so two runs can keep different rows; use {RAY_TWINS[name]} in its place: the same "
+                "rule, deterministic, run here across all shards"
             )
+        if name in SUPPORTED and issubclass(cls, kinds["Deduplicator"]):
+            rule = DedupRule(name, params)
+            if rule.kind == DedupKind.SIMHASH:
+                try:
+                    rule.simhash_blocks()
+                except RecipeError as exc:
+                    raise RecipeError(f"{label}: {exc}") from None
+            continue  # a deduplication stage across all shards (dedup/)
         for kind_name in GLOBAL_KINDS:
             if issubclass(cls, kinds[kind_name]):
                 raise RecipeError(
-                    f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard; "
-                    "remove it from the recipe and run it on the merged output"
+                    f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard"
+                    + (
+                        " (the deduplicators run across all shards are document_deduplicator, "
+                        "document_simhash_deduplicator and document_minhash_deduplicator)"
+                        if kind_name == "Deduplicator"
+                        else ""
+                    )
+                    + "; remove it from the recipe and run it on the merged output"
                 )
         if is_global_operation(cls):
             raise RecipeError(

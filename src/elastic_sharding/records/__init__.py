@@ -35,8 +35,8 @@ from elastic_sharding.records.codec import (
     load,
     shard_id_for,
 )
-from elastic_sharding.records.dedup import DedupFailure, DedupStageDone, DedupUnitDone
-from elastic_sharding.records.job import InputFile, Manifest, Request, ShardSpec
+from elastic_sharding.records.dedup import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard
+from elastic_sharding.records.job import InputFile, Manifest, Request, SegmentSpec, ShardSpec
 from elastic_sharding.records.outputs import IndexEntry, MergeRecord, MergeShard, OutputIndex, PublishRecord
 from elastic_sharding.records.prepare import (
     PrepareCuts,
@@ -70,6 +70,7 @@ __all__ = [
     "Manifest",
     "Request",
     "Settings",
+    "SegmentSpec",
     "ShardSpec",
     # claims
     "AttemptRecord",
@@ -105,4 +106,5 @@ __all__ = [
     "DedupFailure",
     "DedupStageDone",
     "DedupUnitDone",
+    "KeptShard",
 ]

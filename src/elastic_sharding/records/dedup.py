@@ -35,3 +35,23 @@ class DedupFailure:
     message: str
     host: str
     pid: int
+
+
+@dataclass
+class KeptShard:
+    """A keep unit's result: one shard's rows as the previous segment left them, less those the
+    deduplicator drops, written as the next segment's input (`stages/<k>/shards/<shard>.jsonl`)."""
+
+    unit: str
+    shard_id: str
+    attempt_id: str  # names this keep in a merge index when the segment after it is empty
+    token: str
+    input_rows: int
+    input_sha256: str
+    output_rows: int
+    output_bytes: int
+    output_sha256: str
+    host: str
+    pid: int
+    started_at: float
+    finished_at: float

@@ -34,6 +34,22 @@ class ShardSpec:
 
 
 @dataclass
+class SegmentSpec:
+    """A run of the recipe between deduplicators: `process[first_op:end_op]`, run shard by shard.
+    Segment k > 0 starts after the deduplication stage of `process[dedup_op]`, whose kept rows
+    are its input; segment 0 reads the prepared shards."""
+
+    index: int
+    first_op: int
+    end_op: int
+    dedup_op: int | None = None
+
+    @property
+    def has_ops(self) -> bool:
+        return self.end_op > self.first_op
+
+
+@dataclass
 class Request:
     """What was asked of `prepare`; an identical request on an existing job is a no-op."""
 
@@ -68,6 +84,9 @@ class Manifest:
     shards: list[ShardSpec]
     warnings: list[str] = field(default_factory=list)
     prepared_by: list[str] = field(default_factory=list)  # host:pid of every process that did a prepare unit
+    # The recipe cut at its deduplicators; empty in a job prepared before they were supported
+    # (one segment: the whole recipe).
+    segments: list[SegmentSpec] = field(default_factory=list)
 
     def shard(self, shard_id: str) -> ShardSpec:
         """The spec of `shard_id`, found by the index its id names (no scan of 20,000 specs)."""

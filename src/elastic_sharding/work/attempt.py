@@ -30,7 +30,16 @@ from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted, JobStateError
 from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
-from elastic_sharding.records import AttemptRecord, CompletionRecord, Manifest, ShardSpec, encode, load, operator_stats
+from elastic_sharding.records import (
+    AttemptRecord,
+    CompletionRecord,
+    Manifest,
+    SegmentSpec,
+    ShardSpec,
+    encode,
+    load,
+    operator_stats,
+)
 from elastic_sharding.settings import Settings
 from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus, Phase
 from elastic_sharding.work.collect import collect, remove_raw_output, remove_unused_output
@@ -65,6 +74,7 @@ class AttemptSteps:
 
     layout: JobLayout
     manifest: Manifest
+    segment: SegmentSpec
     settings: Settings
     host: str
     claims: Claims
@@ -343,6 +353,7 @@ class AttemptSteps:
 
     def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
         config = self._job_recipe()
+        config["process"] = config["process"][self.segment.first_op : self.segment.end_op]
         config["dataset_path"] = str(shard_path)
         config["export_path"] = str(ctx.ray_output)
         config["work_dir"] = str(ctx.attempt_dir)

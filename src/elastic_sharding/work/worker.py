@@ -1,5 +1,10 @@
 """worker: claim shards until the job is complete, failed, or `--max-shards` is reached.
 
+A recipe with deduplicators runs in segments (`segments.py`): the worker claims the shards of
+segment 0, takes part in deduplication stage 1 once they are all done (hashing finished shards
+while it waits for the last ones: `work/stages.py`), then claims the shards of segment 1, and so
+on to the last segment.
+
 One attempt at a time is published; with the warm runner the next (claimed-ahead) attempt is
 already processing while the current one drains. Each attempt runs in an isolated
 `attempts/<shard>/<attempt>/` directory; its output is published only after it was collected,
@@ -16,19 +21,23 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_sharding import fsops
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.engine import engine_identity
-from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, VersionMismatchError
+from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, JobStateError, VersionMismatchError
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import JOIN_ENV, help_until_prepared
-from elastic_sharding.records import Manifest
+from elastic_sharding.prepare.recipe import operator_entries
+from elastic_sharding.records import Manifest, SegmentSpec
+from elastic_sharding.segments import job_segments, segment_manifest
 from elastic_sharding.settings import Overrides, with_overrides
 from elastic_sharding.signals import on_stop_signals
 from elastic_sharding.work.attempt import AttemptSteps, Staged
 from elastic_sharding.work.lookahead import ClaimAhead
 from elastic_sharding.work.runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
+from elastic_sharding.work.stages import StageWork
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +73,18 @@ class Worker(AttemptSteps, ClaimAhead):
     """Claims shards until the job is complete or failed, or `--max-shards` is reached."""
 
     def __init__(self, job_dir: Path, options: WorkerOptions, runner: Runner | None = None):
-        self.layout = JobLayout(Path(os.path.abspath(job_dir)))
-        check_job_filesystem(self.layout.root)
-        self.manifest = self.layout.load_manifest()
+        self.job_layout = JobLayout(Path(os.path.abspath(job_dir)))
+        check_job_filesystem(self.job_layout.root)
+        self.job_manifest = self.job_layout.load_manifest()
+        self.segments = job_segments(self.job_manifest)
         self.options = options
-        self.settings = with_overrides(self.manifest.request.settings, options)
+        self.settings = with_overrides(self.job_manifest.request.settings, options)
         self.host = socket.gethostname()
-        self.claims = Claims(self.layout, self.host, os.getpid())
+        self._enter_segment(self.segments[0], self.job_manifest)
+        self.next_stage: StageWork | None = None
         self.runner = runner or get_runner(options.runner, self._node_runtime())
         self.overlaps = callable(getattr(self.runner, "begin", None))
-        shard_ids = [spec.shard_id for spec in self.manifest.shards]
-        self.scanner = ShardScanner(
-            self.layout, shard_ids, self.claims, self.settings.lock_timeout_secs, self.settings.max_retries, self._sweep_leftovers
-        )
+        self.capped = False
         self.claimed = 0
         self.completed = 0
         self.current: AttemptContext | None = None
@@ -102,11 +110,22 @@ class Worker(AttemptSteps, ClaimAhead):
             hang_secs=max(settings.heartbeat_interval_secs, MIN_HANG_SECS),
         )
 
-    # -- the claim loop ---------------------------------------------------------------------
+    def _enter_segment(self, segment: SegmentSpec, manifest: Manifest) -> None:
+        """Claim the shards of `segment` from now on (`manifest` lists them)."""
+        self.segment = segment
+        self.layout = self.job_layout.segment(segment.index)
+        self.manifest = manifest
+        self.claims = Claims(self.layout, self.host, os.getpid())
+        shard_ids = [spec.shard_id for spec in manifest.shards]
+        self.scanner = ShardScanner(
+            self.layout, shard_ids, self.claims, self.settings.lock_timeout_secs, self.settings.max_retries, self._sweep_leftovers
+        )
+
+    # -- the segments ---------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
-            return self._claim_loop()
+            return self._run_segments()
         finally:
             try:
                 self.drop_staged("the worker is leaving")
@@ -114,18 +133,55 @@ class Worker(AttemptSteps, ClaimAhead):
             finally:
                 self._remove_raw_leftovers()
 
-    def _claim_loop(self) -> int:
-        check_engine(self.manifest, self.options.allow_version_mismatch)
+    def _run_segments(self) -> int:
+        check_engine(self.job_manifest, self.options.allow_version_mismatch)
         log.info(
-            "worker on host=%s pid=%d: job %s, %d shards, runner=%s, ray_address=%s, lease %.0fs",
+            "worker on host=%s pid=%d: job %s, %d shards, %d recipe segment(s), runner=%s, ray_address=%s, lease %.0fs",
             self.host,
             os.getpid(),
-            self.layout.root,
-            len(self.manifest.shards),
+            self.job_layout.root,
+            len(self.job_manifest.shards),
+            len(self.segments),
             self.runner.name,
             self.settings.ray_address,
             self.settings.lock_timeout_secs,
         )
+        process = operator_entries(self._job_recipe(), self.job_layout.recipe)
+        for position, segment in enumerate(self.segments):
+            if position > 0:
+                self._dedup_stage(position - 1, segment, process).run()
+                manifest = segment_manifest(self.job_layout, self.job_manifest, segment.index)
+                if manifest is None:
+                    raise JobStateError(f"stage {segment.index} ended without keeping every shard; report this as a bug")
+                self._enter_segment(segment, manifest)
+            following = self.segments[position + 1] if position + 1 < len(self.segments) else None
+            self.next_stage = self._dedup_stage(position, following, process) if following and segment.has_ops else None
+            if segment.has_ops:
+                for directory in self.layout.skeleton:
+                    fsops.ensure_dir(directory)
+                code = self._claim_loop()
+                if code != EXIT_OK or self.capped:
+                    return code
+        return EXIT_OK
+
+    def _dedup_stage(self, previous: int, segment: SegmentSpec, process: list[tuple[str, dict]]) -> StageWork:
+        """The deduplication stage before `segment`, which reads segment `previous`'s outputs."""
+        if self.next_stage is not None and self.next_stage.index == segment.index:
+            return self.next_stage
+        return StageWork(
+            self.job_layout,
+            self.job_manifest,
+            self.segments[previous],
+            self.manifest,
+            segment,
+            process,
+            self.settings,
+            lambda: self.stopping is not None,
+        )
+
+    # -- the claim loop ---------------------------------------------------------------------
+
+    def _claim_loop(self) -> int:
         while True:
             if self.stopping:
                 log.warning("worker stopping: %s", self.stopping)
@@ -136,6 +192,7 @@ class Worker(AttemptSteps, ClaimAhead):
                 continue
             if self.options.max_shards is not None and self.claimed >= self.options.max_shards:
                 log.info("reached --max-shards %d; completed %d shard(s) here", self.options.max_shards, self.completed)
+                self.capped = True
                 return EXIT_OK
             claim, failed = self.scan()
             if failed:
@@ -146,8 +203,11 @@ class Worker(AttemptSteps, ClaimAhead):
                 self.process(claim)
                 continue
             if self.scanner.all_terminal():
-                log.info("all %d shards are done; completed %d here", len(self.manifest.shards), self.completed)
+                where = f" of segment {self.segment.index}" if len(self.segments) > 1 else ""
+                log.info("all %d shards%s are done; completed %d here", len(self.manifest.shards), where, self.completed)
                 return EXIT_OK
+            if self.next_stage is not None and self.next_stage.help():
+                continue
             self._wake.wait(self.settings.poll_interval_secs)
 
     def scan(self) -> tuple[Claim | None, list[str]]:

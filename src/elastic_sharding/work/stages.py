@@ -1,0 +1,183 @@
+"""A worker's part in a deduplication stage of its job, between two segments of the recipe.
+
+The stage reads every shard as the previous segment left it: the output its completion record
+names (or, after a segment without operators, that segment's input), checked against the
+record's sha256 as it is read, so no unit ever deduplicates rows that are not the published
+ones. Its keep units write the next segment's input: the same lines less the dropped rows, with
+each kept row's index in the shard as the ordering key when the next segment has operators to
+run (`work/collect.py` sorts on it), else exactly as they will be merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from elastic_sharding import confined, fsops
+from elastic_sharding.claims.protocol import new_attempt_id, new_token
+from elastic_sharding.dedup.cooperate import KEEP, StageParticipant
+from elastic_sharding.dedup.rules import DedupRule
+from elastic_sharding.dedup.stage import DedupPlan, DedupStage
+from elastic_sharding.errors import IntegrityError, JobStateError
+from elastic_sharding.layout import JobLayout, StageLayout, attempt_files
+from elastic_sharding.records import ROW_KEY, CompletionRecord, KeptShard, Manifest, SegmentSpec, ShardSpec, load
+from elastic_sharding.settings import Settings
+from elastic_sharding.work.collect import strip_row_key
+
+log = logging.getLogger(__name__)
+
+_ROW_PREFIX = b'{"' + ROW_KEY.encode() + b'":'
+
+
+def with_row_key(index: int, line: bytes) -> bytes:
+    """`line` (a JSON object) with the ordering key first, as prepare writes shard lines."""
+    body = line[1:].lstrip()
+    return _ROW_PREFIX + str(index).encode() + (b"" if body.startswith(b"}") else b",") + body
+
+
+class SegmentOutput:
+    """Where shard i of one segment's output is, and what its bytes must hash to."""
+
+    def __init__(self, layout: JobLayout, segment: SegmentSpec, manifest: Manifest):
+        self.layout = layout.segment(segment.index)
+        self.segment = segment
+        self.manifest = manifest
+
+    def source(self, shard_index: int) -> tuple[Path, str, int]:
+        """(file, sha256, rows) of one shard's output, from its validated completion record."""
+        spec: ShardSpec = self.manifest.shards[shard_index]
+        if not self.segment.has_ops:
+            return self.layout.shard_input(spec.shard_id), spec.sha256, spec.rows
+        record = load(CompletionRecord, self.layout.done(spec.shard_id))
+        if record.shard_id != spec.shard_id or record.input_sha256 != spec.sha256 or record.input_rows != spec.rows:
+            raise IntegrityError(f"{self.layout.done(spec.shard_id)}: the completion record does not match shard {spec.shard_id}")
+        attempt_dir = self.layout.existing_attempt_dir(spec.shard_id, record.attempt_id)
+        return attempt_files(attempt_dir)["processed"], record.output_sha256, record.output_rows
+
+    def is_ready(self, shard_index: int) -> bool:
+        return not self.segment.has_ops or confined.lexists(self.layout.done(self.manifest.shards[shard_index].shard_id))
+
+    def lines(self, shard_index: int) -> Iterator[bytes]:
+        """The shard's output lines (no newline, no ordering key); IntegrityError at the end if
+        the file is not the one its record names."""
+        path, sha256, rows = self.source(shard_index)
+        digest = hashlib.sha256()
+        count = 0
+        with confined.open_read(path, buffering=1 << 20) as handle:
+            for lineno, line in enumerate(handle, 1):
+                digest.update(line)
+                count += 1
+                body = line.rstrip(b"\r\n")
+                yield strip_row_key(body, f"{path}:{lineno}")[1] if body.startswith(_ROW_PREFIX) else body
+        if digest.hexdigest() != sha256 or count != rows:
+            raise IntegrityError(
+                f"{path}: {count} rows with sha256 {digest.hexdigest()[:12]}, but its record says {rows} rows with "
+                f"{sha256[:12]}: the job directory was changed after the shard was published; restore it, or run the "
+                "job again into a new --job-dir"
+            )
+
+
+class StageWork:
+    """Stage `segment.index` of a job, as one worker takes part in it."""
+
+    def __init__(
+        self,
+        layout: JobLayout,
+        manifest: Manifest,
+        previous: SegmentSpec,
+        previous_manifest: Manifest,
+        segment: SegmentSpec,
+        process: list[tuple[str, dict]],
+        settings: Settings,
+        stop: Callable[[], bool],
+    ):
+        if segment.dedup_op is None:
+            raise JobStateError(f"segment {segment.index} follows no deduplicator; report this as a bug")
+        self.index = segment.index
+        self.segment = segment
+        self.layout = layout
+        self.output = SegmentOutput(layout, previous, previous_manifest)
+        self.next_layout = layout.segment(segment.index)
+        self.shard_ids = [spec.shard_id for spec in previous_manifest.shards]
+        name, params = process[segment.dedup_op]
+        rule = DedupRule(name, params)
+        op = rule.build()
+        # The plan must be the same for every participant before the first key file exists: it
+        # is sized by the job's input rows, a bound the previous segment's outputs rarely exceed.
+        plan = DedupPlan.for_rows(rule, rule.fanout(op), len(manifest.shards), manifest.total_rows)
+        self.stage = DedupStage(layout.stage_dir(segment.index), plan)
+        self.participant = StageParticipant(
+            self.stage,
+            self._rows,
+            settings.lock_timeout_secs,
+            settings.heartbeat_interval_secs,
+            min(settings.poll_interval_secs, 0.5),
+            stop,
+            what=f"dedup stage {segment.index} ({name})",
+            keep=self._keep,
+            op=op,
+        )
+        self.host = socket.gethostname()
+
+    def help(self) -> bool:
+        """Hash one finished shard of the previous segment, if one is waiting; False if none is."""
+        return self.participant.help_with_keys(self.output.is_ready)
+
+    def run(self) -> None:
+        started = time.monotonic()
+        done = self.participant.run()
+        log.info(
+            "dedup stage %d done here in %.1fs (%d bucket records, %d rounds)",
+            self.index,
+            time.monotonic() - started,
+            done.bucket_records,
+            done.rounds,
+        )
+
+    def _rows(self, shard_index: int) -> Iterator[dict]:
+        return (orjson.loads(line) for line in self.output.lines(shard_index))
+
+    def _keep(self, shard_index: int, drops: np.ndarray) -> KeptShard:
+        started = time.time()
+        shard_id = self.shard_ids[shard_index]
+        target = self.next_layout.shard_input(shard_id)
+        fsops.ensure_dir(self.next_layout.shards_dir)
+        path, input_sha256, input_rows = self.output.source(shard_index)
+        keyed = self.segment.has_ops
+        dropped = set(drops.tolist())
+        digest = hashlib.sha256()
+        rows = size = 0
+        with fsops.atomic_output(target) as out:
+            for row, line in enumerate(self.output.lines(shard_index)):
+                if row in dropped:
+                    continue
+                data = (with_row_key(rows, line) if keyed else line) + b"\n"
+                out.write(data)
+                digest.update(data)
+                size += len(data)
+                rows += 1
+            out.commit()
+        token = new_token()
+        return KeptShard(
+            unit=StageLayout.unit_name(KEEP, shard_index),
+            shard_id=shard_id,
+            attempt_id=new_attempt_id(f"keep-{self.index}", token),
+            token=token,
+            input_rows=input_rows,
+            input_sha256=input_sha256,
+            output_rows=rows,
+            output_bytes=size,
+            output_sha256=digest.hexdigest(),
+            host=self.host,
+            pid=os.getpid(),
+            started_at=started,
+            finished_at=time.time(),
+        )
