@@ -34,7 +34,8 @@ from elastic_sharding.observe.snapshot import job_views
 from elastic_sharding.observe.status import terminal_failures
 from elastic_sharding.prepare.cooperate import Assistant
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import Manifest, PhaseResult
+from elastic_sharding.records import Manifest, PhaseResult, SegmentSpec
+from elastic_sharding.segments import job_segments, segment_manifest, stage_failure
 from elastic_sharding.signals import on_stop_signals
 from elastic_sharding.vocabulary import ClaimStatus, ShardState
 from elastic_sharding.work.worker import Worker, WorkerOptions
@@ -160,7 +161,9 @@ class _Instance:
         self.gen.raise_if_aborted()
         opts = self.opts
         log.info("Starting DLC worker on hostname=%s", self.host)
-        options = WorkerOptions(max_shards=self.cap, poll_interval_secs=opts.poll_interval_secs, runner=opts.runner)
+        options = WorkerOptions(
+            max_shards=self.cap, cap_each_segment=True, poll_interval_secs=opts.poll_interval_secs, runner=opts.runner
+        )
         worker = Worker(self.layout.root, options)
         stop_watch = threading.Event()
         watcher = threading.Thread(target=self._watch_abort, args=(worker, stop_watch), name="abort-watch", daemon=True)
@@ -176,7 +179,7 @@ class _Instance:
         if worker.stopping:
             raise Interrupted(worker.stopping)
         if code != EXIT_OK:
-            raise ElasticShardError(self._failure_summary(worker.manifest) or "the worker failed")
+            raise ElasticShardError(self._failure_summary(worker) or "the worker failed")
 
     def _watch_abort(self, worker: Worker, stop: threading.Event) -> None:
         while not stop.wait(self.opts.poll_interval_secs):
@@ -188,30 +191,25 @@ class _Instance:
                 worker.request_stop(f"run {record.run_id} failed on host={record.host}: {record.reason}")
                 return
 
-    def _failure_summary(self, manifest: Manifest) -> str | None:
-        return terminal_failures(job_views(self.layout, manifest, manifest.request.settings.lock_timeout_secs))
+    @staticmethod
+    def _failure_summary(worker: Worker) -> str | None:
+        """The failed shards of the segment the worker stopped in."""
+        timeout = worker.manifest.request.settings.lock_timeout_secs
+        return terminal_failures(job_views(worker.layout, worker.manifest, timeout))
 
     def _wait_for_completion(self) -> None:
-        """Strict mode: a capped Worker waits for the others. Elastic: usually already complete."""
+        """Strict mode: a capped Worker waits for the others. Elastic: usually already complete.
+        In a recipe with deduplicators every segment's shards count, and each stage."""
         manifest = self.layout.load_manifest()
         deadline = time.monotonic() + self.opts.wait_timeout_secs
         next_note = time.monotonic()
-        finished: set[str] = set()
-        with Progress("shards done", len(manifest.shards), self.opts.job.quiet, unit="shard") as progress:
+        finished: set[tuple[int, str]] = set()
+        segments = job_segments(manifest)
+        total = len(manifest.shards) * max(1, sum(segment.has_ops for segment in segments))
+        with Progress("shards done", total, self.opts.job.quiet, unit="shard") as progress:
             while True:
                 self.gen.raise_if_aborted()
-                pending = []
-                for spec in manifest.shards:
-                    if spec.shard_id in finished:
-                        continue
-                    state, holder = _shard_state(self.layout, spec.shard_id)
-                    if state == ShardState.FAILED:
-                        raise ElasticShardError(self._failure_summary(manifest) or f"{spec.shard_id} failed terminally")
-                    if state == ShardState.DONE:
-                        finished.add(spec.shard_id)
-                        progress.update(1)
-                    else:
-                        pending.append(f"{spec.shard_id} ({holder})")
+                pending = self._pending(manifest, segments, finished, progress)
                 if not pending:
                     return
                 now = time.monotonic()
@@ -222,9 +220,42 @@ class _Instance:
                         + (" (strict mode: is every Worker running?)" if self.cap else "")
                     )
                 if now >= next_note:
-                    log.info("waiting for %d of %d shard(s): %s", len(pending), len(manifest.shards), ", ".join(pending[:5]))
+                    log.info("waiting for %d shard(s): %s", len(pending), ", ".join(pending[:5]))
                     next_note = now + PROGRESS_LOG_SECS
                 time.sleep(self.opts.poll_interval_secs)
+
+    def _pending(
+        self, manifest: Manifest, segments: list[SegmentSpec], finished: set[tuple[int, str]], progress: Progress
+    ) -> list[str]:
+        """What the job still waits for, in its first unfinished segment; raises on a failure."""
+        for segment in segments:
+            if segment.index > 0:
+                failure = stage_failure(self.layout, segment.index)
+                if failure is not None:
+                    raise ElasticShardError(failure)
+            view = segment_manifest(self.layout, manifest, segment.index)
+            if view is None:
+                return [f"deduplication stage {segment.index}"]
+            if not segment.has_ops:
+                continue
+            layout = self.layout.segment(segment.index)
+            pending = []
+            for spec in view.shards:
+                if (segment.index, spec.shard_id) in finished:
+                    continue
+                state, holder = _shard_state(layout, spec.shard_id)
+                if state == ShardState.FAILED:
+                    summary = terminal_failures(job_views(layout, view, manifest.request.settings.lock_timeout_secs))
+                    raise ElasticShardError(summary or f"{spec.shard_id} failed terminally")
+                if state == ShardState.DONE:
+                    finished.add((segment.index, spec.shard_id))
+                    progress.update(1)
+                else:
+                    where = f" of segment {segment.index}" if segment.index else ""
+                    pending.append(f"{spec.shard_id}{where} ({holder})")
+            if pending:
+                return pending
+        return []
 
     def _finalize(self, expect_nodes: int) -> tuple[str, dict[str, Any]]:
         done = finalize(self.opts.job, expect_nodes)

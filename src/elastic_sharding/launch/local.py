@@ -29,6 +29,7 @@ from elastic_sharding.launch.steps import (
     worker_command,
 )
 from elastic_sharding.observe.status import Status
+from elastic_sharding.segments import job_segments, segment_manifest
 from elastic_sharding.signals import on_stop_signals
 from elastic_sharding.vocabulary import ShardState
 
@@ -38,22 +39,28 @@ STOP_GRACE_SECS = 30.0
 
 
 def _release_claims_of(req: JobRequest, pid: int) -> list[str]:
-    layout = req.layout
-    manifest = layout.load_manifest()
-    claims = Claims(layout)
+    """Hand back the shard claims a dead worker held, in every recipe segment reached so far."""
+    job = req.layout
+    manifest = job.load_manifest()
     host = socket.gethostname()
     released = []
-    for spec in manifest.shards:
-        try:
-            record = read_claim(layout, spec.shard_id)
-        except ValueError:
-            continue
-        if record is None or record.status != ShardState.RUNNING or record.host != host or record.pid != pid:
-            continue
-        if claims.take_over(
-            record, 0.0, reason=f"worker process {pid} on {host} exited; its local launcher handed the claim back"
-        ):
-            released.append(spec.shard_id)
+    for segment in job_segments(manifest):
+        view = segment_manifest(job, manifest, segment.index)
+        if view is None:
+            break
+        layout = job.segment(segment.index)
+        claims = Claims(layout)
+        for spec in view.shards if segment.has_ops else ():
+            try:
+                record = read_claim(layout, spec.shard_id)
+            except ValueError:
+                continue
+            if record is None or record.status != ShardState.RUNNING or record.host != host or record.pid != pid:
+                continue
+            if claims.take_over(
+                record, 0.0, reason=f"worker process {pid} on {host} exited; its local launcher handed the claim back"
+            ):
+                released.append(spec.shard_id if segment.index == 0 else f"{spec.shard_id} of segment {segment.index}")
     return released
 
 

@@ -354,6 +354,11 @@ class AttemptSteps:
     def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
         config = self._job_recipe()
         config["process"] = config["process"][self.segment.first_op : self.segment.end_op]
+        if self.segment.index > 0:
+            # Within one Ray executor run, the statistics and meta columns operators add reach the
+            # export (it drops only those the input already had, unless told to keep them); the
+            # ones earlier segments added must travel on the same way.
+            config["keep_stats_in_res_ds"] = True
         config["dataset_path"] = str(shard_path)
         config["export_path"] = str(ctx.ray_output)
         config["work_dir"] = str(ctx.attempt_dir)

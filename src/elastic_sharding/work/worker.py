@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_sharding import fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.engine import engine_identity
@@ -50,6 +50,9 @@ class WorkerOptions(Overrides):
     """A worker's command line: its overrides of the job's settings, and what only it has."""
 
     max_shards: int | None = None
+    # `dlc` strict mode: the cap is per recipe segment, and a capped worker still takes part in
+    # the deduplication stages (once the others have finished the segment).
+    cap_each_segment: bool = False
     allow_version_mismatch: bool = False
     runner: str = DEFAULT_RUNNER
 
@@ -157,12 +160,31 @@ class Worker(AttemptSteps, ClaimAhead):
             following = self.segments[position + 1] if position + 1 < len(self.segments) else None
             self.next_stage = self._dedup_stage(position, following, process) if following and segment.has_ops else None
             if segment.has_ops:
+                if self.options.cap_each_segment:
+                    self.claimed = 0
                 for directory in self.layout.skeleton:
                     fsops.ensure_dir(directory)
                 code = self._claim_loop()
                 if code != EXIT_OK or self.capped:
                     return code
         return EXIT_OK
+
+    def _await_segment_end(self) -> int:
+        """Capped in this segment: wait (hashing finished shards for the next stage) until every
+        shard of it is done, then go on with the stage; EXIT_ERROR if one failed terminally."""
+        while True:
+            if self.stopping:
+                log.warning("worker stopping: %s", self.stopping)
+                return EXIT_ERROR
+            shard_ids = [spec.shard_id for spec in self.manifest.shards]
+            failed = [shard_id for shard_id in shard_ids if confined.lexists(self.layout.failed(shard_id))]
+            if failed:
+                log.error("job has terminally failed shard(s): %s; run `retry` after fixing the cause", ", ".join(failed))
+                return EXIT_ERROR
+            if all(confined.lexists(self.layout.done(shard_id)) for shard_id in shard_ids):
+                return EXIT_OK
+            if self.next_stage is None or not self.next_stage.help():
+                self._wake.wait(self.settings.poll_interval_secs)
 
     def _dedup_stage(self, previous: int, segment: SegmentSpec, process: list[tuple[str, dict]]) -> StageWork:
         """The deduplication stage before `segment`, which reads segment `previous`'s outputs."""
@@ -192,6 +214,8 @@ class Worker(AttemptSteps, ClaimAhead):
                 continue
             if self.options.max_shards is not None and self.claimed >= self.options.max_shards:
                 log.info("reached --max-shards %d; completed %d shard(s) here", self.options.max_shards, self.completed)
+                if self.options.cap_each_segment and self.segment.index < len(self.segments) - 1:
+                    return self._await_segment_end()
                 self.capped = True
                 return EXIT_OK
             claim, failed = self.scan()
