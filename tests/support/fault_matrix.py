@@ -31,6 +31,12 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               phase (keys, buckets, components; before or after the unit's work), the others
               starting with it or once it met its fault; every other participant (and the
               resumed one) exits 0 and reads exactly the rows one Data-Juicer run keeps
+  dedup-job   a job whose recipe has a deduplicator between two segments (fake processing of the
+              segments' shards, the real Data-Juicer operator in the stage), a worker on every
+              node: one of them killed, or frozen for two leases, at a crash point of the stage
+              (keys, buckets, keep; before or after the unit's work) or of a shard of the
+              segment after it; the job is finished as a user would and the merged output must be
+              the clean run's, byte for byte
   prepare-kill  a cooperative prepare by two or three participants (`prepare`, or the helper that
               joins one) on separate nodes: one of them killed at a crash point of a phase (scan,
               cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
@@ -121,6 +127,7 @@ KINDS = {
     "actor": 1,
     "prepare-kill": 2,
     "dedup-kill": 2,
+    "dedup-job": 2,
 }
 CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
 COORDINATOR_POINTS = (
@@ -168,6 +175,20 @@ DEDUP_OPERATORS = (
 )
 DEDUP_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "components") for end in ("", "-done"))
 DEDUP_EXIT_SECS = 120
+DEDUP_JOB_RECIPE = """\
+executor_type: ray
+ray_address: local
+dataset_path: {dataset}
+process:
+  - whitespace_normalization_mapper:
+  - document_deduplicator:
+      lowercase: true
+      ignore_non_character: true
+  - text_length_filter:
+      min_len: 5
+"""
+DEDUP_JOB_SHARDS = (3, 5)
+DEDUP_JOB_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "keep") for end in ("", "-done"))
 PREPARE_EXIT_SECS = 90  # how long a participant may take to exit once the fault has been injected
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
@@ -344,6 +365,7 @@ class Harness:
         self._actor_template: Template | None = None
         self._prepare_reference: PrepareReference | None = None
         self._dedup_expected: dict[int, list[int]] = {}
+        self._dedup_jobs: dict[int, Template] = {}
         self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -406,7 +428,9 @@ class Harness:
         outcome.identical = merged == (self.compare_with or self.reference)
         outcome.check(outcome.identical, "merged output differs from the clean run")
 
-    def finish_and_compare(self, outcome: Outcome, job: Path, log: Path, workers: list[subprocess.Popen]) -> dict:
+    def finish_and_compare(
+        self, outcome: Outcome, job: Path, log: Path, workers: list[subprocess.Popen], expected_ids: list[int] | None = None
+    ) -> dict:
         """Wait for the running workers, rerun one if the job is not done, merge, compare."""
         for proc in workers:
             wait(proc, 180)
@@ -419,7 +443,7 @@ class Harness:
         proc = self.cli(self.node(2), "merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
         outcome.check(proc.returncode == 0, f"merge failed: {last_line(proc.stderr)}")
         if proc.returncode == 0:
-            self.compare(outcome, self.node(2).read_bytes(out))
+            self.compare(outcome, self.node(2).read_bytes(out), expected_ids)
         state = self.inspect(job)
         for shard, done in state["done"].items():
             attempt = state["attempts"].get(done["attempt_id"]) if done else None
@@ -1015,6 +1039,73 @@ class Harness:
             outcome.rows_duplicated += len(kept) - len(set(kept)) + len(set(kept) - set(expected))
             outcome.identical = kept == expected if outcome.identical is None else outcome.identical and kept == expected
         outcome.check(outcome.identical is True, "a participant read other rows than one Data-Juicer run keeps")
+        return outcome
+
+    def dedup_job_template(self, shards: int) -> Template:
+        """A job whose recipe has a deduplicator, prepared once per shard count, with its clean
+        result from one fake worker on local disk."""
+        if shards not in self._dedup_jobs:
+            data = write_jsonl(self.workdir / "dedup-job-input.jsonl", prose_rows(DEDUP_ROWS, seed=7))
+            recipe = self.workdir / "dedup-job-recipe.yaml"
+            recipe.write_text(DEDUP_JOB_RECIPE.format(dataset=data))
+            job = self.workdir / f"dedup-job-template-{shards}"
+            settings = Settings(
+                lock_timeout_secs=DEDUP_LEASE,
+                max_retries=6,
+                poll_interval_secs=POLL,
+                heartbeat_interval_secs=HEARTBEAT,
+                ray_address="local",
+            )
+            prepare(PrepareRequest(recipe, None, job, shards, settings), quiet=True)
+            clean = self.workdir / f"dedup-job-clean-{shards}"
+            shutil.copytree(job, clean, symlinks=True)
+            if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
+                raise AssertionError("the clean run of the deduplicating job failed")
+            out = self.workdir / f"dedup-job-clean-{shards}.jsonl"
+            merge(clean, out)
+            self._dedup_jobs[shards] = Template(shards, job, out.read_bytes())
+        return self._dedup_jobs[shards]
+
+    def trial_dedup_job(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A job with a deduplication stage between two segments, one worker killed or frozen in
+        the stage or in a shard of the segment after it."""
+        shards = rng.choice(DEDUP_JOB_SHARDS)
+        template = self.dedup_job_template(shards)
+        victim = rng.randrange(len(self.cluster.nodes))
+        stop = rng.random() < 0.3
+        if rng.random() < 0.75:
+            point = rng.choice(DEDUP_JOB_POINTS) + f"@{rng.choice((1, 1, 2))}"
+        else:  # a shard of the segment after the stage: the victim's (shards + n)-th time there
+            point = f"{rng.choice(('claimed', 'processing', 'publishing', 'published'))}@{shards + rng.randint(1, 2)}"
+        point += ":stop" if stop else ""
+        together = rng.random() < 0.5
+        outcome = Outcome(
+            "dedup-job",
+            f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
+            + (", together" if together else ""),
+        )
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
+        log = log_dir / "workers.log"
+        procs = {victim: self.worker(self.node(victim), job, log, 0.05, {"ELASTIC_SHARD_CRASH_AT": point})}
+        met = together or _await_fault(procs[victim], stop, DEDUP_EXIT_SECS)
+        procs.update({i: self.worker(self.node(i), job, log, 0.05) for i in range(len(self.cluster.nodes)) if i != victim})
+        if stop and (together and _await_fault(procs[victim], stop, DEDUP_EXIT_SECS) or met):
+            time.sleep(2 * DEDUP_LEASE + 1)
+            procs[victim].send_signal(signal.SIGCONT)
+            outcome.counts["dedup_job_stalls"] += 1
+        for proc in procs.values():
+            wait(proc, 180)
+        killed = procs[victim].returncode == -signal.SIGKILL
+        outcome.counts["dedup_job_kills"] += killed
+        outcome.counts["dedup_job_takeovers"] += log.read_text(errors="replace").count("took over")
+        self.compare_with = template.reference
+        try:
+            expected = [orjson.loads(line)["id"] for line in template.reference.splitlines()]
+            self.finish_and_compare(outcome, job, log_dir / "finish.log", [], expected)
+        finally:
+            self.compare_with = None
         return outcome
 
     def trial_prepare_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:

@@ -29,6 +29,7 @@ import numpy as np
 
 from elastic_sharding import errors, fsops
 from elastic_sharding.claims.units import Units
+from elastic_sharding.dedup.arrays import RECOMPUTE
 from elastic_sharding.dedup.stage import DedupStage
 from elastic_sharding.errors import ElasticShardError, JobStateError
 from elastic_sharding.layout import StageLayout
@@ -72,6 +73,7 @@ class StageParticipant:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._op: Any = op
+        self._keys_done: set[int] = set()  # seen published by `help_with_keys`: never looked at again
 
     def run(self) -> DedupStageDone:
         """Take part until the stage is complete (and, with `keep`, every shard kept); raises the
@@ -96,8 +98,13 @@ class StageParticipant:
         self._check()
         fsops.make_dirs(self.paths.units)
         for shard_index in range(self.stage.plan.num_shards):
+            if shard_index in self._keys_done:
+                continue
             name = unit_name(KEYS, shard_index)
-            if self.units.is_done(name) or not ready(shard_index):
+            if self.units.is_done(name):
+                self._keys_done.add(shard_index)
+                continue
+            if not ready(shard_index):
                 continue
             token = self.units.try_claim(name)
             if token is not None:
@@ -120,7 +127,7 @@ class StageParticipant:
             else:
                 raise JobStateError(
                     f"{self.stage.root}: label propagation did not settle in {MAX_ROUNDS} rounds (more than any component's "
-                    "diameter should need); keep the directory for a bug report, then remove it and run the stage again"
+                    "diameter should need); keep the directory for a bug report, then " + RECOMPUTE
                 )
         fsops.publish_once(self.paths.done, encode(DedupStageDone(final_round, bucket_records, rounds)))
         return read_done(self.paths) or DedupStageDone(final_round, bucket_records, rounds)
@@ -162,7 +169,7 @@ class StageParticipant:
         path = self.paths.result(name)
         record = fsops.read_record(path, lambda data: decode(DedupUnitDone, data, path))
         if record is None:
-            raise JobStateError(f"{path}: missing; the stage directory is incomplete: remove {self.stage.root} to recompute it")
+            raise JobStateError(f"{path}: missing; the stage is incomplete: {RECOMPUTE}")
         return record
 
     def _published_failure(self) -> ElasticShardError | None:
