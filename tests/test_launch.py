@@ -4,12 +4,14 @@ and `dlc` coordination across real processes (fake runner), including failures a
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
 
 import orjson
 import pytest
+from support.e2e_support import needs_unshare
 from support.fake_worker import launch_command
 from support.jobs import sample_rows, write_jsonl
 
@@ -403,3 +405,43 @@ def test_mpi_refuses_more_ranks_than_hosts(tmp_path, run_cli):
     result = run_cli("mpi", "--job-dir", str(tmp_path / "job"), "--hostfile", str(hostfile), "--np", "3")
     assert result.returncode == 2 and "--np 3 is more than the 2 host(s)" in result.stderr
     assert not (tmp_path / "job").exists()
+
+
+DEDUP_RECIPE = """\
+project_name: launch-dedup
+dataset_path: {dataset}
+export_path: /tmp/ignored.jsonl
+process:
+  - whitespace_normalization_mapper:
+  - document_deduplicator:
+  - text_length_filter:
+      min_len: 1
+"""
+
+
+@needs_unshare
+@pytest.mark.parametrize("strict", [False, True], ids=["elastic", "strict"])
+def test_dlc_instances_carry_a_recipe_with_a_deduplicator_through_its_stage(tmp_path, strict):
+    """Three instances with their own hostnames; in strict mode each is capped per segment and
+    still takes part in the stage and the segment after it."""
+    rows = sample_rows(24) + [{"id": 24 + i, "text": sample_rows(24)[i * 3]["text"]} for i in range(6)]
+    dataset = write_jsonl(tmp_path / "input.jsonl", rows)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(DEDUP_RECIPE.format(dataset=dataset))
+    job = tmp_path / "job"
+    args = [
+        "--config", str(recipe), "--job-dir", str(job), "--num-shards", "6", "--run-id", "run-1",
+        "--poll-interval-secs", "0.1", "--lock-timeout-secs", "5", "--heartbeat-interval-secs", "0.5",
+        "--coordinator-lease-secs", "1", "--nodes", "3", *(["--require-all-nodes"] if strict else []),
+    ]  # fmt: skip
+    command = " ".join(shlex.quote(part) for part in launch_command("dlc", *args))
+    procs = [
+        subprocess.Popen(["unshare", "--uts", "sh", "-c", f"hostname dlc-node-{i} && exec {command}"],
+                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"instance-{i}.log", "w"))
+        for i in range(3)
+    ]  # fmt: skip
+    assert [proc.wait(timeout=300) for proc in procs] == [0, 0, 0], logs(tmp_path)
+    assert merged_rows(job / "merged.jsonl") == rows[:24]
+    done_hosts = {orjson.loads(p.read_bytes())["host"] for p in (job / "stages" / "1" / "state" / "done").iterdir()}
+    if strict:
+        assert done_hosts == {"dlc-node-0", "dlc-node-1", "dlc-node-2"}, "every capped instance must work in segment 1"
