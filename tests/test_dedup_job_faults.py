@@ -110,7 +110,7 @@ def test_a_failed_stage_ends_every_worker_and_retry_resumes_it(prepared, tmp_pat
     assert failed.returncode != 0
     assert "keep-00000" in failed.stderr, failed.stderr[-2000:]
     status = json.loads(_cli("status", "--job-dir", str(job), "--json").stdout)
-    assert status["exit_code"] == 1 and status["stages"][0]["state"] == "failed"
+    assert status["exit_code"] == 2 and status["stages"][0]["state"] == "failed"
     assert _worker(job).returncode != 0, "a failed stage stays failed until `retry`"
     blocker.unlink()
     retried = _cli("retry", "--job-dir", str(job), "--all-failed")

@@ -19,8 +19,8 @@ from elastic_sharding.errors import JobStateError
 
 # A damaged stage is recomputed, not repaired: its directory also holds the segment after it, whose
 # inputs came from it, and every later stage read that segment.
-RECOMPUTE = (
-    "remove that stage's directory (stages/<k>/ of the job, which also holds the recipe segment after it) and "
+STAGE_AND_AFTER = (
+    "that stage's directory (stages/<k>/ of the job, which also holds the recipe segment after it) and "
     "every later stages/<j>/, then run the workers again; the segments before it are kept"
 )
 
@@ -72,14 +72,14 @@ def read(path: Path, part: int | None = None) -> np.ndarray:
             head = handle.read(_HEAD.size)
             magic, num_parts, descr_len = _HEAD.unpack(head) if len(head) == _HEAD.size else (b"", 0, 0)
             if magic != MAGIC:
-                raise JobStateError(f"{path}: not a dedup record file (or a truncated one); {RECOMPUTE}")
+                raise JobStateError(f"{path}: not a dedup record file (or a truncated one); remove {STAGE_AND_AFTER}")
             descr = handle.read(descr_len)
             dtype = np.lib.format.descr_to_dtype(json.loads(descr))
             base = _HEAD.size + descr_len + (-(_HEAD.size + descr_len) % 8)
             offsets = np.fromfile(handle, dtype="<i8", count=num_parts + 1, offset=base - handle.tell())
             if part is not None and not 0 <= part < num_parts:
                 raise JobStateError(
-                    f"{path}: has {num_parts} partition(s), not {part + 1}; the stage's plan changed: {RECOMPUTE}"
+                    f"{path}: has {num_parts} partition(s), not {part + 1}; the stage's plan changed: remove {STAGE_AND_AFTER}"
                 )
             first, last = (0, int(offsets[-1])) if part is None else (int(offsets[part]), int(offsets[part + 1]))
             start = base + 8 * (num_parts + 1) + first * dtype.itemsize
@@ -87,7 +87,7 @@ def read(path: Path, part: int | None = None) -> np.ndarray:
     except FileNotFoundError as exc:
         raise JobStateError(f"{path}: missing; the job directory is incomplete: restore it, or prepare a new --job-dir") from exc
     if len(records) != last - first:
-        raise JobStateError(f"{path}: truncated ({len(records)} of {last - first} records); {RECOMPUTE}")
+        raise JobStateError(f"{path}: truncated ({len(records)} of {last - first} records); remove {STAGE_AND_AFTER}")
     return records
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from elastic_sharding import errors, fsops
 from elastic_sharding.claims.units import Units
-from elastic_sharding.dedup.arrays import RECOMPUTE
+from elastic_sharding.dedup.arrays import STAGE_AND_AFTER
 from elastic_sharding.dedup.stage import DedupStage
 from elastic_sharding.errors import ElasticShardError, JobStateError
 from elastic_sharding.layout import StageLayout
@@ -127,7 +127,7 @@ class StageParticipant:
             else:
                 raise JobStateError(
                     f"{self.stage.root}: label propagation did not settle in {MAX_ROUNDS} rounds (more than any component's "
-                    "diameter should need); keep the directory for a bug report, then " + RECOMPUTE
+                    f"diameter should need); keep the directory for a bug report, then remove {STAGE_AND_AFTER}"
                 )
         fsops.publish_once(self.paths.done, encode(DedupStageDone(final_round, bucket_records, rounds)))
         return read_done(self.paths) or DedupStageDone(final_round, bucket_records, rounds)
@@ -169,7 +169,7 @@ class StageParticipant:
         path = self.paths.result(name)
         record = fsops.read_record(path, lambda data: decode(DedupUnitDone, data, path))
         if record is None:
-            raise JobStateError(f"{path}: missing; the stage is incomplete: {RECOMPUTE}")
+            raise JobStateError(f"{path}: missing; the stage is incomplete: remove {STAGE_AND_AFTER}")
         return record
 
     def _published_failure(self) -> ElasticShardError | None:

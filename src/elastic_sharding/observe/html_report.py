@@ -1,5 +1,9 @@
 """report: one self-contained HTML page with a job's timeline, per-node throughput and shards.
 
+A recipe with deduplicators: the timeline holds the attempts of every segment and a lane per
+deduplication stage with its units; a table lists the stages; the nodes and shards tables are
+the current segment's, as in `status`.
+
 The page must open from a shared filesystem on a machine with no network, and it shows text
 that workers wrote (hostnames, errors, paths), so everything is inline, every such string is
 escaped, and a Content-Security-Policy lets only this module's own scripts (by hash) run.
@@ -28,6 +32,7 @@ from elastic_sharding.observe.html_format import NONE, as_dict, dicts, esc, fmt_
 from elastic_sharding.observe.html_tables import Column, number, table
 from elastic_sharding.observe.html_timeline import legend, timeline_svg
 from elastic_sharding.observe.snapshot import AttemptView
+from elastic_sharding.observe.stages import PHASES, UnitView
 from elastic_sharding.observe.status import Status
 from elastic_sharding.vocabulary import SHARD_STATES
 
@@ -115,10 +120,55 @@ def _nodes_table(nodes: list[dict[str, Any]]) -> str:
     return table(columns, sorted(nodes, key=lambda n: str(n.get("host"))), sortable=True)
 
 
-def _shards_table(shards: list[dict[str, Any]], attempts: list[AttemptView]) -> str:
+def _phase_units(stage: dict[str, Any], phase: str) -> str:
+    units = as_dict(as_dict(stage.get("units")).get(phase))
+    if not units or (not num(units.get("done")) and not num(units.get("held")) and units.get("total") in (None, 0)):
+        return NONE
+    total = units.get("total")
+    text = f"{fmt_int(units.get('done'))}/{'?' if total is None else fmt_int(total)}"
+    if num(units.get("held")):
+        text += f" ({fmt_int(units.get('held'))} held)"
+    return esc(text)
+
+
+def _stages_table(stages: list[dict[str, Any]]) -> str:
+    def phase(stage: dict[str, Any]) -> str:
+        if stage.get("phase") is None:
+            return NONE
+        return esc(stage.get("phase")) + (
+            f" (round {fmt_int(stage.get('round'))})" if num(stage.get("round")) is not None else ""
+        )
+
+    def when(stage: dict[str, Any]) -> str:
+        if num(stage.get("finished_at")) is not None and num(stage.get("started_at")) is not None:
+            return esc(f"took {fmt_secs(float(stage['finished_at']) - float(stage['started_at']))}")
+        if num(stage.get("eta_secs")) is not None:
+            return esc(f"ETA {fmt_secs(stage.get('eta_secs'))}")
+        return NONE
+
+    columns: list[Column[dict[str, Any]]] = [
+        number("Stage", "stage", fmt_int),
+        Column("Operator", lambda stage: f"<code>{esc(stage.get('operator'))}</code>", cls="nowrap"),
+        Column("State", lambda stage: esc(stage.get("state")), cls=lambda stage: f"stage-{esc(stage.get('state'))}"),
+        Column("Phase", phase),
+        *(
+            Column(
+                name.capitalize(), lambda stage, name=name: _phase_units(stage, name), title=f"{name} units: done/total (held)"
+            )
+            for name in PHASES
+        ),
+        Column("Started", lambda stage: esc(iso(stage.get("started_at"))), cls="nowrap"),
+        Column("Took / ETA", when, cls="nowrap"),
+        Column("Error", lambda stage: f"<pre>{esc(stage.get('error'))}</pre>" if stage.get("error") else "", cls="err"),
+    ]
+    return table(columns, stages)
+
+
+def _shards_table(shards: list[dict[str, Any]], attempts: list[AttemptView], segment: object = 0) -> str:
     recorded: dict[str, int] = {}
     for view in attempts:
-        recorded[view.shard_id] = recorded.get(view.shard_id, 0) + 1
+        if view.segment == (segment if isinstance(segment, int) else 0):
+            recorded[view.shard_id] = recorded.get(view.shard_id, 0) + 1
     position = {id(shard): index for index, shard in enumerate(shards)}  # the Shard column sorts back to this order
 
     def shard_id(shard: dict[str, Any]) -> str:
@@ -272,6 +322,10 @@ def _header(status: dict[str, Any], attempts: list[AttemptView], now: float) -> 
         ("ETA", _eta(status)),
         ("Attempts", f"{len(attempts)} on {len(hosts)} node(s)"),
     ]
+    total = num(status.get("segments_total"))
+    if total is not None and total > 1:
+        segment = f"{fmt_int(status.get('segment'))} of 0–{int(total) - 1}"
+        items.insert(3, ("Recipe segment", esc(segment) + " (progress, nodes and shards below are this segment's)"))
     meta = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in items)
     return f'<header><h1>Job report</h1><dl class="meta">{meta}</dl><div class="chips">{chips}</div></header>'
 
@@ -279,23 +333,35 @@ def _header(status: dict[str, Any], attempts: list[AttemptView], now: float) -> 
 # -- page ------------------------------------------------------------------------------------
 
 
-def _json_for_script(status: dict[str, Any], attempts: list[AttemptView]) -> str:
+def _json_for_script(status: dict[str, Any], attempts: list[AttemptView], units: list[UnitView]) -> str:
     """The data as JSON that cannot end the <script> element it sits in (every `<` escaped)."""
-    payload = {"status": status, "attempts": [dataclasses.asdict(view) for view in attempts]}
+    payload = {
+        "status": status,
+        "attempts": [dataclasses.asdict(view) for view in attempts],
+        "units": [dataclasses.asdict(unit) for unit in units],
+    }
     text = orjson.dumps(payload, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
     return text.replace("<", "\\u003c")
 
 
-def render_report(status: dict[str, Any], attempts: list[AttemptView], now: float) -> str:
-    """The whole report page; the same inputs always give the same bytes."""
+def render_report(status: dict[str, Any], attempts: list[AttemptView], now: float, units: list[UnitView] | None = None) -> str:
+    """The whole report page; the same inputs always give the same bytes. `units` are the
+    deduplication stages' units (`Status.stage_units`), drawn in a lane per stage."""
     assets = _assets()
+    units = list(units or [])
     title = f"Job report {status.get('job_id') or ''}".strip()
+    stages = dicts(status.get("stages"))
+    names = {int(stage["stage"]): str(stage.get("operator") or "") for stage in stages if isinstance(stage.get("stage"), int)}
     sections = [
         _header(status, attempts, now),
-        "<section><h2>Timeline</h2>" + legend(attempts),
-        f'<div class="scroll">{timeline_svg(attempts, now)}</div></section>',
+        "<section><h2>Timeline</h2>" + legend(attempts, units),
+        f'<div class="scroll">{timeline_svg(attempts, now, units, names)}</div></section>',
+    ]
+    if stages:
+        sections.append(f"<section><h2>Deduplication stages</h2>{_stages_table(stages)}</section>")
+    sections += [
         f"<section><h2>Nodes</h2>{_nodes_table(dicts(status.get('nodes')))}</section>",
-        f"<section><h2>Shards</h2>{_shards_table(dicts(status.get('shards')), attempts)}</section>",
+        f"<section><h2>Shards</h2>{_shards_table(dicts(status.get('shards')), attempts, status.get('segment', 0))}</section>",
         "<section><h2>Problems</h2>",
         f"<h3>Failed shards</h3>{_failures_table(dicts(status.get('failures')))}",
         f"<h3>Stragglers</h3>{_stragglers_table(dicts(status.get('stragglers')))}",
@@ -312,7 +378,7 @@ def render_report(status: dict[str, Any], attempts: list[AttemptView], now: floa
             f"<script>{assets.onerror_js}</script>",
             "</head><body>",
             *sections,
-            f'<script type="application/json" id="job-data">{_json_for_script(status, attempts)}</script>',
+            f'<script type="application/json" id="job-data">{_json_for_script(status, attempts, units)}</script>',
             f"<script>{assets.main_js}</script>",
             "</body></html>",
             "",
@@ -325,7 +391,8 @@ def write_report(job_dir: Path, output: Path, lock_timeout: float | None = None)
     layout = JobLayout(Path(os.path.abspath(job_dir)))
     output = check_target(output, layout)
     status = Status(layout.root, lock_timeout)
-    page = render_report(status.as_json(), status.attempts, status.at)
+    attempts = status.history()
+    page = render_report(status.as_json(), attempts, status.at, status.stage_units())
     destination = prepare_destination(output)
     try:
         with fsops.atomic_output(output) as out:
@@ -334,7 +401,7 @@ def write_report(job_dir: Path, output: Path, lock_timeout: float | None = None)
     except BaseException:
         destination.discard()
         raise
-    return len(status.attempts)
+    return len(attempts)
 
 
 __all__ = ["render_report", "write_report"]

@@ -1,8 +1,12 @@
-"""The report's timeline: one lane per node, one bar per attempt, arrows from each retry or takeover.
+"""The report's timeline: one lane per node, one bar per attempt, arrows from each retry or takeover;
+then one lane per deduplication stage, one bar per unit, coloured by its phase.
 
 Bars that overlap on a node (claim-ahead, several workers) are stacked in sub-rows; each bar's
 title holds the attempt's details, and the shard number (and retry/takeover) is written inside
-the bar where it fits.
+the bar where it fits. A shard has attempts in each segment of a recipe with deduplicators: a
+retry or takeover is only ever of an attempt of the same shard in the same segment. A stage's
+participants each have a sub-row of its lane (one unit at a time each); a unit's title names its
+host and pid.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 
 from elastic_sharding.observe.html_format import esc, fmt_bytes, fmt_int, fmt_secs, iso
 from elastic_sharding.observe.snapshot import AttemptView
+from elastic_sharding.observe.stages import PHASES, UnitView
 from elastic_sharding.vocabulary import OUTCOMES, AttemptOutcome
 
 LABEL_W, PLOT_W, RIGHT_PAD, AXIS_H = 180, 1000, 24, 30
@@ -22,6 +27,10 @@ MAX_TICKS = 10
 LANE_LABEL_CHARS = 21
 TITLE_ERROR_CHARS = 400
 TAKEOVER, RETRY = "takeover", "retry"
+# Unit bars: a done unit in its phase's colour, a held one striped, a stale one hatched like an attempt.
+PHASE_COLOURS = {"keys": "#8250df", "buckets": "#bf3989", "components": "#1b7c83", "keep": "#9a6700"}
+UNIT_FILL = {"held": "url(#unit-held)", "stale": "url(#stale-hatch)", "failed": "#cf222e"}
+PHASE_LETTER = {"keys": "k", "buckets": "b", "components": "c", "keep": "K"}
 
 
 def _fmt_elapsed(secs: float, fraction: bool = False) -> str:
@@ -53,14 +62,34 @@ class _Bar:
     def mid_y(self) -> float:
         return self.y + ROW_H / 2
 
+    @property
+    def order(self) -> tuple:
+        return (self.x0, self.x1, self.view.segment, self.view.shard_id, self.view.attempt_id)
+
+
+@dataclass
+class _UnitBar:
+    unit: UnitView
+    x0: float
+    x1: float
+    row: int = 0
+    y: float = 0.0
+    room_right: float = float("inf")
+
+    @property
+    def order(self) -> tuple:
+        return (self.x0, self.x1, self.unit.unit)
+
 
 @dataclass
 class _Lane:
-    host: str
-    bars: list[_Bar]
+    host: str  # the lane's label: a host, or "stage k"
+    bars: list[_Bar] | list[_UnitBar]
     rows: int
     top: float
     height: float
+    sub: str = ""
+    tooltip: str = ""  # the label's title, when not the label itself
 
 
 @dataclass
@@ -79,21 +108,28 @@ def _attempt_end(view: AttemptView, now: float) -> float:
 
 
 def _handoff_kinds(attempts: list[AttemptView]) -> dict[int, str]:
-    """For each attempt after its shard's first (by index): how it followed the previous one."""
-    previous: dict[str, AttemptView] = {}
+    """For each attempt after its shard's first in its segment (by index): how it followed the previous one."""
+    previous: dict[tuple[int, str], AttemptView] = {}
     kinds: dict[int, str] = {}
     for index, view in sorted(enumerate(attempts), key=lambda item: (item[1].started_at, item[1].attempt_id)):
-        before = previous.get(view.shard_id)
+        before = previous.get((view.segment, view.shard_id))
         if before is not None:
             kinds[index] = TAKEOVER if before.outcome in (AttemptOutcome.SUPERSEDED, AttemptOutcome.STALE) else RETRY
-        previous[view.shard_id] = view
+        previous[(view.segment, view.shard_id)] = view
     return kinds
 
 
-def _pack(bars: list[_Bar]) -> int:
+def _unit_span(unit: UnitView, now: float) -> tuple[float, float] | None:
+    """A unit's start and end (now while it is held); None when its times are unknown."""
+    if unit.started_at is None:
+        return None
+    return unit.started_at, unit.ended_at if unit.ended_at is not None else max(now, unit.started_at)
+
+
+def _pack(bars: list[_Bar] | list[_UnitBar]) -> int:
     """Greedy interval packing: each bar goes to the first sub-row free at its start."""
     row_ends: list[float] = []
-    for bar in sorted(bars, key=lambda b: (b.x0, b.x1, b.view.shard_id, b.view.attempt_id)):
+    for bar in sorted(bars, key=lambda b: b.order):
         bar.row = next((row for row, end in enumerate(row_ends) if bar.x0 >= end - 0.5), len(row_ends))
         if bar.row == len(row_ends):
             row_ends.append(bar.x1)
@@ -101,9 +137,12 @@ def _pack(bars: list[_Bar]) -> int:
     return max(1, len(row_ends))
 
 
-def _layout(attempts: list[AttemptView], now: float) -> tuple[_Timeline, dict[int, _Bar]]:
-    start = min(view.started_at for view in attempts)
-    end = max(_attempt_end(view, now) for view in attempts)
+def _layout(
+    attempts: list[AttemptView], units: list[UnitView], now: float, stage_names: dict[int, str]
+) -> tuple[_Timeline, dict[int, _Bar], list[_UnitBar]]:
+    spans = [span for span in (_unit_span(unit, now) for unit in units) if span is not None]
+    start = min([view.started_at for view in attempts] + [s for s, _ in spans])
+    end = max([_attempt_end(view, now) for view in attempts] + [e for _, e in spans])
     timeline = _Timeline(start, max(end, start + 1e-3), [], 0.0)
     kinds = _handoff_kinds(attempts)
     by_index: dict[int, _Bar] = {}
@@ -113,23 +152,47 @@ def _layout(attempts: list[AttemptView], now: float) -> tuple[_Timeline, dict[in
         bar = _Bar(view, x0, max(timeline.x(_attempt_end(view, now)), x0 + MIN_BAR_W), kinds.get(index))
         by_index[index] = bar
         by_host.setdefault(view.host, []).append(bar)
+    by_stage: dict[int, list[_UnitBar]] = {}
+    for unit in units:
+        span = _unit_span(unit, now)
+        if span is not None:
+            x0 = timeline.x(span[0])
+            by_stage.setdefault(unit.stage, []).append(_UnitBar(unit, x0, max(timeline.x(span[1]), x0 + MIN_BAR_W)))
+    lanes: list[tuple[str, list[_Bar] | list[_UnitBar], str, str]] = [(host, by_host[host], "", "") for host in sorted(by_host)]
+    for stage in sorted(by_stage):
+        count = len(by_stage[stage])
+        name = f"deduplication stage {stage}" + (f": {stage_names[stage]}" if stage_names.get(stage) else "")
+        lanes.append((f"stage {stage}", by_stage[stage], f"{count} unit{'s' if count != 1 else ''}", name))
     top = float(AXIS_H)
-    for host in sorted(by_host):
-        bars = by_host[host]
-        rows = _pack(bars)
+    for label, bars, sub, tooltip in lanes:
+        if sub:
+            rows = _participant_rows(bars)  # type: ignore[arg-type]
+            sub += f" · {rows} participant{'s' if rows != 1 else ''}"
+        else:
+            rows = _pack(bars)
         height = 2 * LANE_PAD + rows * ROW_H + (rows - 1) * ROW_GAP
         for bar in bars:
             bar.y = top + LANE_PAD + bar.row * (ROW_H + ROW_GAP)
         _set_room(bars)
-        timeline.lanes.append(_Lane(host, bars, rows, top, height))
+        timeline.lanes.append(_Lane(label, bars, rows, top, height, sub, tooltip))
         top += height
     timeline.height = top + 6
-    return timeline, by_index
+    return timeline, by_index, [bar for _, bars, _, _ in lanes for bar in bars if isinstance(bar, _UnitBar)]
 
 
-def _set_room(bars: list[_Bar]) -> None:
+def _participant_rows(bars: list[_UnitBar]) -> int:
+    """A stage's units get one sub-row per participant (host and pid), which does one unit at a
+    time: however many tiny units a stage has, its lane is as tall as it has participants."""
+    participants = sorted({(bar.unit.host or "", bar.unit.pid or 0) for bar in bars})
+    row_of = {participant: row for row, participant in enumerate(participants)}
+    for bar in bars:
+        bar.row = row_of[(bar.unit.host or "", bar.unit.pid or 0)]
+    return max(1, len(participants))
+
+
+def _set_room(bars: list[_Bar] | list[_UnitBar]) -> None:
     """Free space to the right of each bar in its sub-row, where a label that does not fit may go."""
-    rows: dict[int, list[_Bar]] = {}
+    rows: dict[int, list[_Bar | _UnitBar]] = {}
     for bar in bars:
         rows.setdefault(bar.row, []).append(bar)
     for row in rows.values():
@@ -152,8 +215,9 @@ def _tick_step(span: float) -> float:
 def _bar_title(bar: _Bar, start: float, now: float) -> str:
     view = bar.view
     took = view.secs if view.secs is not None else max(0.0, now - view.started_at)
+    segment = f"segment {view.segment} · " if view.segment else ""
     lines = [
-        f"{view.shard_id} · attempt {view.attempt_id}",
+        f"{segment}{view.shard_id} · attempt {view.attempt_id}",
         f"host {view.host} · pid {view.pid} · runner {view.runner}",
         f"outcome: {view.outcome}" + (f" ({bar.kind} of an earlier attempt)" if bar.kind else ""),
         f"started +{fmt_secs(view.started_at - start)} ({iso(view.started_at)}), "
@@ -194,7 +258,7 @@ def _bar_svg(bar: _Bar, start: float, now: float) -> str:
     return (
         f'<rect class="attempt outcome-{outcome}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '
         f'height="{ROW_H}" rx="3" data-shard="{esc(view.shard_id)}" data-attempt="{esc(view.attempt_id)}" '
-        f'data-host="{esc(view.host)}" data-outcome="{esc(outcome)}"{kind}>'
+        f'data-host="{esc(view.host)}" data-outcome="{esc(outcome)}" data-segment="{view.segment}"{kind}>'
         f"<title>{esc(_bar_title(bar, start, now))}</title></rect>{_setup_svg(bar)}{_bar_label(bar)}"
     )
 
@@ -209,6 +273,38 @@ def _setup_svg(bar: _Bar) -> str:
     if width < 1.0:
         return ""
     return f'<rect class="setup" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{width:.1f}" height="{ROW_H}" rx="3"/>'
+
+
+def _unit_title(bar: _UnitBar, start: float, now: float) -> str:
+    unit = bar.unit
+    took = unit.secs if unit.secs is not None else max(0.0, now - (unit.started_at or now))
+    lines = [
+        f"deduplication stage {unit.stage} · unit {unit.unit}",
+        f"phase {unit.phase}" + (f", round {unit.round}" if unit.round is not None else "") + f" · {unit.outcome}",
+        f"host {unit.host} · pid {unit.pid}",
+        f"started +{fmt_secs((unit.started_at or start) - start)} ({iso(unit.started_at)}), "
+        + (f"took {fmt_secs(took)}" if unit.ended_at is not None else f"held for {fmt_secs(took)}"),
+    ]
+    if unit.count is not None:
+        what = "rows kept" if unit.phase == "keep" else "messages sent" if unit.phase == "components" else "records written"
+        lines.append(f"{what}: {fmt_int(unit.count)}")
+    return "\n".join(lines)
+
+
+def _unit_svg(bar: _UnitBar, start: float, now: float) -> str:
+    unit = bar.unit
+    fill = UNIT_FILL.get(unit.outcome, PHASE_COLOURS.get(unit.phase, "#57606a"))
+    label = f"{PHASE_LETTER.get(unit.phase, '?')}{unit.index}"
+    text = ""
+    if len(label) * CHAR_W + 8 <= bar.x1 - bar.x0:
+        light = " on-light" if unit.outcome == "stale" else ""
+        text = f'<text class="bar-text{light}" x="{bar.x0 + 4:.1f}" y="{bar.y + ROW_H / 2 + 4:.1f}">{esc(label)}</text>'
+    return (
+        f'<rect class="unit phase-{esc(unit.phase)}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '
+        f'height="{ROW_H}" rx="3" fill="{fill}" stroke="#fff" data-stage="{unit.stage}" data-unit="{esc(unit.unit)}" '
+        f'data-host="{esc(unit.host)}" data-outcome="{esc(unit.outcome)}">'
+        f"<title>{esc(_unit_title(bar, start, now))}</title></rect>{text}"
+    )
 
 
 def _handoff_svg(before: _Bar, after: _Bar) -> str:
@@ -245,10 +341,10 @@ def _lane_svg(lane: _Lane, index: int) -> list[str]:
     host = lane.host if len(lane.host) <= LANE_LABEL_CHARS else lane.host[: LANE_LABEL_CHARS - 1] + "…"
     mid = lane.top + lane.height / 2
     count = len(lane.bars)
-    sub = f"{count} attempt{'s' if count != 1 else ''}" + (f" · {lane.rows} overlapping" if lane.rows > 1 else "")
+    sub = lane.sub or f"{count} attempt{'s' if count != 1 else ''}" + (f" · {lane.rows} overlapping" if lane.rows > 1 else "")
     return [
         f'<rect class="lane-bg{alt}" x="0" y="{lane.top:.1f}" width="{width}" height="{lane.height:.1f}"/>',
-        f'<text class="lane-label" x="10" y="{mid - 2:.1f}">{esc(host)}<title>{esc(lane.host)}</title></text>',
+        f'<text class="lane-label" x="10" y="{mid - 2:.1f}">{esc(host)}<title>{esc(lane.tooltip or lane.host)}</title></text>',
         f'<text class="lane-sub" x="10" y="{mid + 12:.1f}">{esc(sub)}</text>',
     ]
 
@@ -262,6 +358,10 @@ SVG_DEFS = """<defs>
  dur="1.2s" repeatCount="indefinite"/></pattern>
 <pattern id="setup-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
 <rect width="2.5" height="6" fill="#ffffff" fill-opacity="0.7"/></pattern>
+<pattern id="unit-held" width="12" height="12" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+<rect width="12" height="12" fill="#8250df"/><rect width="5" height="12" fill="#a475f9"/>
+<animateTransform attributeName="patternTransform" type="translate" additive="sum" from="0 0" to="12 0"
+ dur="1.2s" repeatCount="indefinite"/></pattern>
 <marker id="arrow-retry" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
 <path d="M0,0 L8,4 L0,8 z" fill="#57606a"/></marker>
 <marker id="arrow-takeover" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
@@ -269,11 +369,16 @@ SVG_DEFS = """<defs>
 </defs>"""
 
 
-def timeline_svg(attempts: list[AttemptView], now: float) -> str:
-    if not attempts:
+def timeline_svg(
+    attempts: list[AttemptView], now: float, units: list[UnitView] | None = None, stage_names: dict[int, str] | None = None
+) -> str:
+    """The SVG of every attempt, and of every deduplication unit whose start is known (`units`;
+    `stage_names` names each stage's operator)."""
+    units = [unit for unit in units or () if unit.started_at is not None]
+    if not attempts and not units:
         return '<p class="none">No attempt has started yet.</p>'
-    timeline, bars = _layout(attempts, now)
-    running = any(view.ended_at is None for view in attempts)
+    timeline, bars, unit_bars = _layout(attempts, units, now, stage_names or {})
+    running = any(view.ended_at is None for view in attempts) or any(unit.ended_at is None for unit in units)
     width = LABEL_W + PLOT_W + RIGHT_PAD
     parts = [
         f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {timeline.height:.0f}" '
@@ -285,17 +390,19 @@ def timeline_svg(attempts: list[AttemptView], now: float) -> str:
     parts += _axis_svg(timeline, now, running)
     for index in range(len(attempts)):
         parts.append(_bar_svg(bars[index], timeline.start, now))
-    previous: dict[str, _Bar] = {}
+    parts += [_unit_svg(bar, timeline.start, now) for bar in unit_bars]
+    previous: dict[tuple[int, str], _Bar] = {}
     for index in sorted(bars, key=lambda i: (attempts[i].started_at, attempts[i].attempt_id)):
         bar = bars[index]
-        if bar.kind and bar.view.shard_id in previous:
-            parts.append(_handoff_svg(previous[bar.view.shard_id], bar))
-        previous[bar.view.shard_id] = bar
+        key = (bar.view.segment, bar.view.shard_id)
+        if bar.kind and key in previous:
+            parts.append(_handoff_svg(previous[key], bar))
+        previous[key] = bar
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def legend(attempts: list[AttemptView]) -> str:
+def legend(attempts: list[AttemptView], units: list[UnitView] | None = None) -> str:
     counts = {outcome: 0 for outcome in OUTCOMES}
     for view in attempts:
         counts[view.outcome] = counts.get(view.outcome, 0) + 1
@@ -304,6 +411,15 @@ def legend(attempts: list[AttemptView]) -> str:
         items.append('<span><i class="swatch sw-setup"></i>starting the node runtime</span>')
     items.append('<span><i class="sw-line"></i>retry (after a failure or hand-back)</span>')
     items.append('<span><i class="sw-line takeover"></i>takeover of a superseded/stale claim</span>')
+    if units:
+        phases = [phase for phase in PHASES if any(unit.phase == phase for unit in units)]
+        items += [
+            f'<span><i class="swatch" style="background:{PHASE_COLOURS[phase]}"></i>stage unit: {phase} '
+            f"({sum(unit.phase == phase for unit in units)})</span>"
+            for phase in phases
+        ]
+        if any(unit.outcome == "held" for unit in units):
+            items.append('<span><i class="swatch" style="background:#a475f9"></i>stage unit held now</span>')
     return '<div class="legend">' + "".join(items) + "</div>"
 
 

@@ -60,7 +60,7 @@ def render(status: Status) -> str:
     out.family("active_workers", "Workers running an attempt now.", [({}, m.active_workers)])
     out.family("elapsed_seconds", "Seconds since the first attempt started.", [({}, m.elapsed_secs)])
     out.family("eta_seconds", "Estimated seconds to completion (absent when unknown).", [({}, m.eta.secs)])
-    out.family("complete", "1 once every shard is done.", [({}, int(status.counts["done"] == m.shards_total))])
+    out.family("complete", "1 once the whole recipe is done (every segment and stage).", [({}, int(status.complete))])
     out.family("stragglers", "Running attempts flagged as stragglers.", [({}, len(m.stragglers))])
     out.family("host_rows_per_second", "Input rows per second of a node.", (({"host": n.host}, n.rows_per_sec) for n in m.nodes))
     out.family("host_shards_done", "Shards a node completed.", (({"host": n.host}, n.shards_done) for n in m.nodes))

@@ -161,6 +161,7 @@ class AttemptView:
     counts_as_failure: bool = False  # against the shard's retry limit (lease.attempt_failure)
     setup_secs: float = 0.0  # of it spent starting the node's runtime
     operators: list[OperatorStats] | None = None  # its warm runtime's operators (live while running)
+    segment: int = 0  # the recipe segment it ran (`segments.py`); a shard has attempts in each
 
     @property
     def secs(self) -> float | None:
@@ -268,7 +269,8 @@ def job_snapshot(
     layout: JobLayout, manifest: Manifest, lock_timeout: float, now: float | None = None
 ) -> tuple[list[ShardView], list[AttemptView]]:
     """Every shard's view and every attempt (archived ones, moved by `retry`, included; oldest
-    first), reading each record once: what `status` and `report` show."""
+    first) of the recipe segment `layout` is of, reading each record once: what `status` and
+    `report` show."""
     now = time.time() if now is None else now
     specs = {spec.shard_id: spec for spec in manifest.shards}
     attempts: list[AttemptView] = []
@@ -287,6 +289,8 @@ def job_snapshot(
         errors = [view.error for view in failed if view.error]
         views.append(_build_view(layout, spec, claim, completion, len(failed), errors[-1] if errors else None, lock_timeout, now))
         attempts += current
+    for attempt in attempts:
+        attempt.segment = layout.segment_index
     attempts.sort(key=lambda view: (view.started_at, view.shard_id, view.attempt_id))
     return views, attempts
 

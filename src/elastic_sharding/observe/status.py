@@ -1,7 +1,17 @@
-"""status: what a job's shards are doing, as text for people or JSON for machines."""
+"""status: what a job's shards and deduplication stages are doing, as text for people or JSON
+for machines.
+
+A recipe with deduplicators runs in segments (`segments.py`). The shard views (counts, progress,
+nodes, ETA) are of the *current* segment: the last one whose shards are known (segment k's once
+stage k has kept every shard) among those with operators; when no known segment has any, segment
+0, whose shards are then done (a segment without operators runs nothing: its input is its
+output). The job is complete when the last segment is: its shards all done, or, when it has no
+operators, known. Each stage is read by `observe/stages.py`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import Counter
@@ -12,11 +22,25 @@ from elastic_sharding.claims.submission import generations
 from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.durations import format_duration
-from elastic_sharding.observe.metrics import STRAGGLER_FACTOR, Node, Running, WarmOperator, job_metrics
-from elastic_sharding.observe.snapshot import ShardView, counts, job_snapshot
+from elastic_sharding.observe.metrics import STRAGGLER_FACTOR, Eta, Node, Running, WarmOperator, job_metrics
+from elastic_sharding.observe.snapshot import AttemptView, ShardView, attempt_history, counts, job_snapshot
+from elastic_sharding.observe.stages import (
+    COMPONENTS,
+    DONE,
+    FAILED,
+    PHASES,
+    WAITING,
+    StageView,
+    UnitView,
+    read_stage,
+    recipe_operators,
+)
+from elastic_sharding.records import Manifest
+from elastic_sharding.segments import job_segments, segment_manifest
 from elastic_sharding.vocabulary import ShardState
 
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3
+SEGMENT_OPS_SHOWN = 3  # operators named in the text's segment line
 
 
 def _age(seconds: float | None) -> str:
@@ -110,26 +134,184 @@ def terminal_failures(views: list[ShardView]) -> str | None:
     return f"{len(failed)} shard(s) failed terminally: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else "")
 
 
+def _done_views(manifest: Manifest) -> list[ShardView]:
+    """The shards of a segment without operators: done as soon as they are known."""
+    return [ShardView(spec, ShardState.DONE, None, None, None, None, 0, None, None) for spec in manifest.shards]
+
+
+def _stage_json(stage: StageView) -> dict[str, Any]:
+    return {
+        "stage": stage.stage,
+        "operator": stage.operator,
+        "state": stage.state,
+        "phase": stage.phase,
+        "round": stage.round,
+        "units": {phase: dataclasses.asdict(stage.units[phase]) for phase in PHASES},
+        "error": stage.error,
+        "started_at": stage.started_at,
+        "finished_at": stage.finished_at,
+        "eta_secs": _round(stage.eta_secs, 1),
+    }
+
+
+def _phase_text(stage: StageView, phase: str) -> str:
+    units = stage.units[phase]
+    text = f"{phase} {units.done}/{'?' if units.total is None else units.total}"
+    if phase == COMPONENTS and stage.rounds:
+        text += f" (the last of {stage.rounds} rounds)"
+    return text + (f" ({units.held} held)" if units.held else "")
+
+
+def _units_text(stage: StageView, but: str | None = None) -> str:
+    """The phases with units, in order (all but `but`)."""
+    shown = [p for p in PHASES if p != but and (stage.units[p].done or stage.units[p].held)]
+    return ", ".join(_phase_text(stage, phase) for phase in shown)
+
+
 class Status:
-    """One read of a job directory: shard states, attempts, and the metrics derived from them."""
+    """One read of a job directory: the current segment's shard states, attempts and the metrics
+    derived from them, and every deduplication stage."""
 
     def __init__(self, job_dir: Path, lock_timeout: float | None = None):
-        self.layout = JobLayout(Path(os.path.abspath(job_dir)))
-        self.manifest = self.layout.load_manifest()
-        self.lock_timeout = lock_timeout if lock_timeout is not None else self.manifest.request.settings.lock_timeout_secs
+        self.job_layout = JobLayout(Path(os.path.abspath(job_dir)))
+        self.job_manifest = self.job_layout.load_manifest()
+        settings = self.job_manifest.request.settings
+        self.lock_timeout = lock_timeout if lock_timeout is not None else settings.lock_timeout_secs
         self.at = time.time()
-        self.views, self.attempts = job_snapshot(self.layout, self.manifest, self.lock_timeout, self.at)
+        self.segments = job_segments(self.job_manifest)
+        self.known = self._known_segments()
+        current = max((i for i in self.known if self.segments[i].has_ops), default=0)
+        self.segment = self.segments[current]
+        # `layout` and `manifest` are the current segment's (the job directory and id are the job's).
+        self.layout = self.job_layout.segment(current)
+        self.manifest = self.known[current]
+        if self.segment.has_ops:
+            self.views, self.attempts = job_snapshot(self.layout, self.manifest, self.lock_timeout, self.at)
+        else:
+            self.views, self.attempts = _done_views(self.manifest), []
         self.metrics = job_metrics(self.views, self.attempts, self.at)
         self.counts = counts(self.views)
-        self.runs = generations(self.layout.root)
+        self.runs = generations(self.job_layout.root)
+        self.operators = recipe_operators(self.job_layout) if len(self.segments) > 1 else None
+        self.stages = [self._stage(segment.index) for segment in self.segments[1:]]
+        self.complete = self._complete()
+        self.failed = bool(self.counts[ShardState.FAILED]) or any(stage.state == FAILED for stage in self.stages)
+        if not self.complete and self.stages and all(v.state == ShardState.DONE for v in self.views):
+            self.metrics.eta = self._between_segments_eta()
+
+    def _known_segments(self) -> dict[int, Manifest]:
+        """Each segment whose shards are known, in order (segment 0's always are)."""
+        known: dict[int, Manifest] = {}
+        for segment in self.segments:
+            try:
+                manifest = segment_manifest(self.job_layout, self.job_manifest, segment.index)
+            except ValueError:  # a keep record planted as a link or damaged: not kept as far as status sees
+                manifest = None
+            if manifest is None:
+                break
+            known[segment.index] = manifest
+        return known
+
+    def _segment_done(self, index: int) -> bool:
+        """Every shard of segment `index` done: a known segment before the current one is (a later
+        segment is known only once the stages between kept every shard), and one after it has no
+        operators."""
+        if index not in self.known:
+            return False
+        return index != self.segment.index or all(v.state == ShardState.DONE for v in self.views)
+
+    def _stage(self, index: int) -> StageView:
+        names = self.operators or []
+        dedup_op = self.segments[index].dedup_op
+        operator = names[dedup_op] if dedup_op is not None and 0 <= dedup_op < len(names) else None
+        return read_stage(
+            self.job_layout,
+            index,
+            len(self.job_manifest.shards),
+            operator,
+            self._segment_done(index - 1),
+            self.lock_timeout,
+            self.at,
+        )
+
+    def _complete(self) -> bool:
+        last = self.segments[-1]
+        if last.index not in self.known:
+            return False
+        return not last.has_ops or all(v.state == ShardState.DONE for v in self.views)
+
+    def _between_segments_eta(self) -> Eta:
+        """The current segment is done and the job is not: a stage is what runs now."""
+        stage = next((s for s in self.stages if s.state != DONE), None)
+        if stage is None:
+            return Eta(None, None, f"segment {self.segment.index} is done; the next segment's shards are not known yet")
+        doing = f"failed: {stage.error}" if stage.state == FAILED else stage.state
+        if stage.phase is not None and stage.state != FAILED:
+            doing += f", phase {stage.phase}"
+        return Eta(
+            None,
+            None,
+            f"segment {self.segment.index} is done; deduplication stage {stage.stage} is {doing} "
+            "(its own estimate is in `stages`)",
+        )
 
     @property
     def exit_code(self) -> int:
-        if self.counts[ShardState.FAILED]:
+        if self.failed:
             return EXIT_ERROR
-        if self.counts[ShardState.DONE] == len(self.views):
+        if self.complete:
             return EXIT_OK
         return EXIT_INCOMPLETE
+
+    def history(self) -> list[AttemptView]:
+        """Every attempt of every known segment with operators, oldest first (what `report` draws)."""
+        attempts = list(self.attempts)
+        for index, manifest in self.known.items():
+            if index != self.segment.index and self.segments[index].has_ops:
+                attempts += attempt_history(self.job_layout.segment(index), manifest, self.lock_timeout, self.at)
+        attempts.sort(key=lambda view: (view.started_at, view.segment, view.shard_id, view.attempt_id))
+        return attempts
+
+    def stage_units(self) -> list[UnitView]:
+        return [unit for stage in self.stages for unit in stage.unit_views]
+
+    def segment_text(self) -> str:
+        """Which segment of the recipe the shard counts are of."""
+        segment, last = self.segment, len(self.segments) - 1
+        head = f"segment {segment.index} of 0-{last}"
+        if not segment.has_ops:
+            return f"{head}: no operators (its input is its output)"
+        names = (self.operators or [])[segment.first_op : segment.end_op]
+        shown = ", ".join(names[:SEGMENT_OPS_SHOWN]) + (
+            f" +{len(names) - SEGMENT_OPS_SHOWN} more" if len(names) > SEGMENT_OPS_SHOWN else ""
+        )
+        ops = f" ({shown})" if shown else ""
+        return f"{head}{ops}: the shards above are this segment's"
+
+    def stage_text(self, stage: StageView) -> str:
+        """One line per stage: its state, current phase, units per phase and ETA."""
+        head = f"stage {stage.stage} {stage.operator or '(operator unknown)'}"
+        if stage.state == FAILED:
+            return f"{head}: failed" + (f" in phase {stage.phase}" if stage.phase else "") + f": {stage.error}"
+        if stage.state == DONE:
+            took = stage.finished_at - stage.started_at if stage.finished_at and stage.started_at else None
+            return f"{head}: done" + (f" in {_age(took)}" if took is not None else "") + f"; {_units_text(stage)}"
+        if stage.state == WAITING:
+            ahead = _units_text(stage)
+            return f"{head}: waiting for segment {stage.stage - 1}" + (f"; hashed ahead: {ahead}" if ahead else "")
+        parts = [f"{head}: running"]
+        if stage.phase is not None:
+            units = stage.units[stage.phase]
+            round_text = f" round {stage.round}" if stage.round is not None else ""
+            total = "?" if units.total is None else units.total
+            held = f" ({units.held} held)" if units.held else ""
+            parts[0] += f", phase {stage.phase}{round_text} {units.done}/{total} units{held}"
+        before = _units_text(stage, but=stage.phase)
+        if before:
+            parts.append(before)
+        if stage.eta_secs is not None:
+            parts.append(f"ETA {_age(stage.eta_secs)}")
+        return "; ".join(parts)
 
     def _log_of(self, view: ShardView) -> str | None:
         attempt_id = view.failure.last_attempt_id if view.failure is not None else None
@@ -169,12 +351,15 @@ class Status:
             "generated_at": self.at,
             "lock_timeout_secs": self.lock_timeout,
             "stale_is_estimate": True,
-            "complete": self.exit_code == EXIT_OK,
-            "failed": self.counts[ShardState.FAILED] > 0,
+            "complete": self.complete,
+            "failed": self.failed,
             "exit_code": self.exit_code,
+            "segment": self.segment.index,
+            "segments_total": len(self.segments),
+            "stages": [_stage_json(stage) for stage in self.stages],
             "shards_total": len(self.views),
             "counts": self.counts,
-            "rows_total": self.manifest.total_rows,
+            "rows_total": m.rows_total,
             "rows_done": m.rows_done,
             "output_rows": sum(v.completion.output_rows for v in self.views if v.completion),
             "hosts": sorted({v.completion.host for v in self.views if v.completion}),
@@ -206,7 +391,16 @@ class Status:
         }
 
     def errors(self, failed_only: bool = False) -> list[str]:
-        """`<shard> last error: <root cause> (log: <path>)` for failed (and retrying) shards."""
+        """`<shard> last error: <root cause> (log: <path>)` for failed (and retrying) shards, and
+        what made each failed stage fail."""
+        stages = [
+            f"deduplication stage {stage.stage} failed in {stage.error}; fix the cause, then `retry --all-failed`"
+            for stage in self.stages
+            if stage.state == FAILED
+        ]
+        return self._shard_errors(failed_only) + stages
+
+    def _shard_errors(self, failed_only: bool = False) -> list[str]:
         return [
             f"{item['shard_id']} last error: {item['error']}" + (f" (log: {item['log']})" if item["log"] else "")
             for item in self.failures()
@@ -216,7 +410,11 @@ class Status:
     def summary_line(self) -> str:
         parts = ", ".join(f"{n} {state}" for state, n in self.counts.items())
         m = self.metrics
-        return f"{self.layout.root}: {len(self.views)} shards: {parts}; input rows done {m.rows_done}/{m.rows_total} ({m.percent:.1f}%)"
+        segment = f" segment {self.segment.index} of 0-{len(self.segments) - 1}," if len(self.segments) > 1 else ""
+        return (
+            f"{self.layout.root}:{segment} {len(self.views)} shards: {parts}; "
+            f"input rows done {m.rows_done}/{m.rows_total} ({m.percent:.1f}%)"
+        )
 
     def progress_line(self) -> str:
         m = self.metrics
@@ -263,7 +461,10 @@ class Status:
         return lines
 
     def text(self, show_all: bool) -> str:
-        lines = [self.summary_line(), self.progress_line(), *self._node_lines()]
+        lines = [self.summary_line(), self.progress_line()]
+        if self.stages:
+            lines += [self.segment_text(), *(self.stage_text(stage) for stage in self.stages)]
+        lines += self._node_lines()
         if self.metrics.stragglers:
             lines.append(f"stragglers (running over {STRAGGLER_FACTOR:g}x the median shard's time for their size):")
             lines += [
@@ -276,7 +477,9 @@ class Status:
                 f"no heartbeat for {_age(item['heartbeat_age_secs'])}"
             )
         lines += self._shard_lines(show_all)
-        lines += [f"  {line}" for line in self.errors()]
+        lines += [f"  {line}" for line in self._shard_errors()]
+        if any(stage.state == FAILED for stage in self.stages):
+            lines.append("  a failed stage: fix the cause, then `retry --all-failed` and start workers again")
         if self.counts[ShardState.STALE]:
             lines.append(
                 "  stale = no heartbeat for longer than the lock timeout by this machine's clock (an estimate); "

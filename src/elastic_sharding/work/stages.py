@@ -58,7 +58,10 @@ class SegmentOutput:
             return self.layout.shard_input(spec.shard_id), spec.sha256, spec.rows
         record = load(CompletionRecord, self.layout.done(spec.shard_id))
         if record.shard_id != spec.shard_id or record.input_sha256 != spec.sha256 or record.input_rows != spec.rows:
-            raise IntegrityError(f"{self.layout.done(spec.shard_id)}: the completion record does not match shard {spec.shard_id}")
+            raise IntegrityError(
+                f"{self.layout.done(spec.shard_id)}: the completion record does not match shard {spec.shard_id}; "
+                "restore the job directory as it was, or run the job again into a new --job-dir"
+            )
         attempt_dir = self.layout.existing_attempt_dir(spec.shard_id, record.attempt_id)
         return attempt_files(attempt_dir)["processed"], record.output_sha256, record.output_rows
 
