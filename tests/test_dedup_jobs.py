@@ -16,7 +16,7 @@ from support.dedup_corpus import prose_rows
 from support.dj_default_run import dj_default_rows
 from support.e2e_support import needs_unshare, shard_job, start_node, wait_all
 
-pytestmark = needs_unshare
+pytestmark = [pytest.mark.e2e, needs_unshare]
 
 # Three segments: nothing before the exact deduplicator, a mapper and a filter between the two,
 # nothing after the simhash deduplicator (the Alpaca-CoT recipes' shape).
