@@ -15,7 +15,6 @@ import sys
 
 import orjson
 import pytest
-
 from support.dedup_corpus import prose_rows
 from support.fake_worker import worker_command
 from support.jobs import REPO, write_jsonl
@@ -43,7 +42,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "elastic_sharding", *args], env=_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_sharding", *args], env=_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def _worker(job, *options: str, **env: str) -> subprocess.CompletedProcess:
