@@ -9,7 +9,10 @@ so every operator of the CPU recipe has real work to do.
 from __future__ import annotations
 
 import random
+import re
+import sys
 import sysconfig
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +172,10 @@ def write_recipe(
     ops: list[dict[str, Any]],
     executor: str = "ray",
     custom_ops: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """A Data-Juicer recipe; the same body serves our jobs and the plain `dj-process` baselines."""
+    """A Data-Juicer recipe; the same body serves our jobs and the plain `dj-process` baselines
+    (`extra`: more top-level settings; a default-executor recipe gets no `ray_address`)."""
     config: dict[str, Any] = {
         "project_name": "elastic-bench",
         "dataset_path": str(dataset),
@@ -181,8 +186,11 @@ def write_recipe(
         "skip_op_error": False,
         "process": ops,
     }
+    if not executor.startswith("ray"):
+        del config["ray_address"]
     if custom_ops:
         config["custom_operator_paths"] = [str(CUSTOM_OPS)]
+    config.update(extra or {})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return path
@@ -203,3 +211,188 @@ def model_ops(load_log: Path, mode: str, load_secs: float, ms_per_row: float) ->
     `dj-process` would deadlock waiting for a CPU to read its input."""
     settings = {"load_secs": load_secs, "ms_per_row": ms_per_row, "load_log": str(load_log)}
     return [{"bench_model_mapper": {**settings, "ray_execution_mode": mode, "num_proc": 1}}]
+
+
+# -- deduplication ---------------------------------------------------------------------------------
+
+DEDUP_FRACTION = 0.1  # planted duplicates, of all rows
+SHORT_FRACTION = 0.02  # originals short enough for the dedup recipes' length filter to drop
+_DEDUP_VOCABULARY = 4000
+_DEDUP_COMMON = (  # the most frequent English words, in order; pronounceable pseudo-words follow
+    "the of and to in a is that for it as was with be by on not he this are or his from at which but have an they you "
+    "were her she there would their we him been has when who will more no if out so said what up its about into than "
+    "them can only other new some could time these two may then do first any my now such like our over man me even "
+    "most made after also did many before must through back years where much your way well down should because each "
+    "just those people how too little state good very make world still own see men work long get here between both "
+    "life being under never day same another know while last might us great old year off come since against go came "
+    "right used take three house small water river stone light field city north south green early night morning "
+    "winter summer road village market letter story mother father child friend king army church law school money"
+)
+_SYLLABLES = (
+    ("", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "br", "ch", "st", "th", "tr"),
+    ("a", "e", "i", "o", "u", "ai", "ea", "ou", "ee"),
+    ("", "", "n", "r", "s", "t", "l", "nd", "st", "ng"),
+)
+_TABLE_BITS = 16
+
+
+def _dedup_table() -> list[str]:
+    """2**16 words, each filling about its Zipf share of the slots: a word is drawn by a 16-bit
+    number. Fixed: the same table for every seed and machine."""
+    rng = random.Random(20261203)
+    words = list(dict.fromkeys(_DEDUP_COMMON.split()))
+    seen = set(words)
+    while len(words) < _DEDUP_VOCABULARY:
+        word = "".join(rng.choice(part) for _ in range(rng.choice((1, 2, 2, 3))) for part in _SYLLABLES)
+        if len(word) >= 2 and word not in seen:
+            seen.add(word)
+            words.append(word)
+    weights = [1.0 / (rank + 2.0) ** 1.05 for rank in range(len(words))]
+    total, size = sum(weights), 1 << _TABLE_BITS
+    slots = [max(1, round(w / total * size)) for w in weights]
+    slots[0] += size - sum(slots)
+    return [word for word, count in zip(words, slots) for _ in range(count)]
+
+
+def _draw(rng: random.Random, table: list[str], k: int) -> list[str]:
+    numbers = array("H", rng.randbytes(2 * k))
+    if sys.byteorder == "big":
+        numbers.byteswap()  # the same words on every machine
+    return [table[j] for j in numbers]
+
+
+def _dedup_text(rng: random.Random, table: list[str], low: int, high: int) -> str:
+    """A paragraph of `low`..`high` words in sentences: capitals, commas, numbers, end marks."""
+    target = rng.randint(low, high)
+    stream = _draw(rng, table, target + 16)
+    out: list[str] = []
+    at = 0
+    while len(out) < target:
+        k = 5 + int(rng.random() * 12)
+        sentence = stream[at : at + k]
+        at += k
+        if rng.random() < 0.3:
+            sentence.insert(rng.randrange(1, len(sentence) + 1), str(rng.randint(2, 2025)))
+        if len(sentence) > 8 and rng.random() < 0.4:
+            sentence[rng.randrange(2, len(sentence) - 2)] += ","
+        sentence[0] = sentence[0].capitalize()
+        sentence[-1] += rng.choice(".....?!;")
+        out += sentence
+    return " ".join(out)
+
+
+def _surface_copy(rng: random.Random, text: str) -> str:
+    """The same text up to case, whitespace and punctuation (one to three of them)."""
+    kinds = rng.sample(("case", "space", "punct"), rng.randint(1, 3))
+    if "case" in kinds:
+        style = rng.randrange(3)
+        if style == 0:
+            text = text.lower()
+        elif style == 1:
+            text = text.upper()
+        else:
+            text = " ".join(w.swapcase() if rng.random() < 0.2 else w for w in text.split(" "))
+    if "space" in kinds:
+        text = "".join(rng.choice(("  ", "\n", " \t")) if c == " " and rng.random() < 0.1 else c for c in text)
+        text = rng.choice(("", " ", "\n")) + text + rng.choice(("", " ", "\n", "\t\n"))
+    if "punct" in kinds:
+        if rng.random() < 0.5:
+            text = re.sub(r"[.,;!?]", "", text)
+        else:
+            text = text.replace(" ", ", ", 1).replace(".", "!", 1) + rng.choice((".", "!", "...", " -"))
+    return text
+
+
+def _near_copy(rng: random.Random, text: str, table: list[str]) -> str:
+    """One to three words replaced, inserted or deleted anywhere."""
+    tokens = text.split(" ")
+    for _ in range(rng.randint(1, 3)):
+        edit = rng.randrange(3)
+        at = rng.randrange(len(tokens) + (edit == 1))
+        if edit == 0:
+            tokens[at] = _draw(rng, table, 1)[0]
+        elif edit == 1:
+            tokens.insert(at, _draw(rng, table, 1)[0])
+        elif len(tokens) > 1:
+            del tokens[at]
+    return " ".join(tokens)
+
+
+DEDUP_KINDS = ("original", "short", "exact", "surface", "near")
+
+
+def write_dedup_dataset(path: Path, rows: int, seed: int = 20261203, dup_fraction: float = DEDUP_FRACTION) -> dict[str, int]:
+    """Write `rows` rows `{"id", "text"}` of English-like prose (60-200 words, Zipf-distributed over a
+    fixed vocabulary of 4,000 words, in sentences) with `dup_fraction` planted duplicates, each of a
+    row picked uniformly from everything before it (so its source is anywhere earlier in the
+    input, usually in another shard): 20 % exact copies, 30 % copies that differ only in case,
+    whitespace or punctuation, 50 % near copies (one to three words replaced, inserted or deleted
+    anywhere; a third of them copy an earlier near copy, so chains A~B~C appear). `SHORT_FRACTION`
+    of the rows are short originals (5-15 words) for the length filter. Any prefix of the file is
+    such a corpus too. Returns how many rows of each kind (`DEDUP_KINDS`) were written."""
+    rng = random.Random(seed)
+    table = _dedup_table()
+    texts: list[str] = []
+    near: list[int] = []
+    counts = dict.fromkeys(DEDUP_KINDS, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb", buffering=1 << 20) as out:
+        chunk: list[bytes] = []
+        for i in range(rows):
+            draw = rng.random()
+            if i and draw < dup_fraction:
+                roll = rng.random()
+                if roll < 0.2:
+                    kind, text = "exact", texts[rng.randrange(i)]
+                elif roll < 0.5:
+                    kind, text = "surface", _surface_copy(rng, texts[rng.randrange(i)])
+                else:
+                    source = rng.choice(near) if near and rng.random() < 1 / 3 else rng.randrange(i)
+                    kind, text = "near", _near_copy(rng, texts[source], table)
+                    near.append(i)
+            elif draw < dup_fraction + SHORT_FRACTION:
+                kind, text = "short", _dedup_text(rng, table, 5, 15)
+            else:
+                kind, text = "original", _dedup_text(rng, table, 60, 200)
+            texts.append(text)
+            counts[kind] += 1
+            chunk.append(orjson.dumps({"id": i, "text": text}) + b"\n")
+            if len(chunk) == 4096:
+                out.write(b"".join(chunk))
+                chunk.clear()
+        out.write(b"".join(chunk))
+    return counts
+
+
+def write_prefix(source: Path, target: Path, rows: int) -> Path:
+    """The first `rows` lines of `source`."""
+    with open(source, "rb") as src, open(target, "wb") as out:
+        for _, line in zip(range(rows), src):
+            out.write(line)
+    return target
+
+
+# The dedup recipes (model-free, so they run offline). Cheap operators on one side of the
+# deduplicator: the simhash recipe runs them before it (a segment on Ray, then the stage), the
+# exact one after it (the stage on the input shards, then a segment on Ray).
+DEDUP_CHEAP_OPS: list[dict[str, Any]] = [
+    {"whitespace_normalization_mapper": {"text_key": "text"}},
+    {"text_length_filter": {"text_key": "text", "min_len": 100}},
+]
+# The parameters of Data-Juicer's published pile recipes (configs/data_juicer_recipes/pile-*-refine.yaml,
+# e.g. pile-europarl-refine.yaml).
+SIMHASH_DEDUP = {
+    "document_simhash_deduplicator": {
+        "tokenization": "space",
+        "window_size": 6,
+        "lowercase": True,
+        "ignore_pattern": r"\p{P}",
+        "num_blocks": 6,
+        "hamming_distance": 4,
+    }
+}
+EXACT_DEDUP = {"document_deduplicator": {"lowercase": True, "ignore_non_character": True}}
+DEDUP_RECIPES: dict[str, list[dict[str, Any]]] = {
+    "simhash": [*DEDUP_CHEAP_OPS, SIMHASH_DEDUP],
+    "exact": [EXACT_DEDUP, *DEDUP_CHEAP_OPS],
+}

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -214,6 +215,38 @@ class Bench:
         ended = self.wait([proc], name)
         return ended[proc.pid] - t0
 
+    def run_with_memory(
+        self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> tuple[float, TreeMemory, int]:
+        """Run one command to completion while `TreeMemory` samples its process tree; return (its
+        wall time, the samples, the kernel's `ru_maxrss` of it in bytes: from `wait4`, the largest
+        peak RSS of the command's process and of every descendant that was waited for, i.e. the
+        largest single process, exact)."""
+        t0 = time.monotonic()
+        proc = self.start(name, argv, env, cwd)
+        tree = TreeMemory(proc.pid)
+        tree.start()
+        deadline = t0 + self.timeout
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    self.stop_all()
+                    raise BenchError(f"{name}: still running after {self.timeout:.0f}s; stopped")
+                time.sleep(0.02)
+        finally:
+            tree.stop()
+        wall = time.monotonic() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.stop(proc)  # its group's leftovers, if any
+        if proc.returncode != 0:
+            self.stop_all()
+            log: Path = proc.log_path  # type: ignore[attr-defined]
+            raise BenchError(f"{name}: {Path(argv[0]).name} exited {proc.returncode}; see {log}\n{_tail(log)}")
+        return wall, tree, usage.ru_maxrss * 1024
+
     def run_until(
         self, name: str, argv: Sequence[str], pattern: re.Pattern[str], cwd: Path | None = None, grace: float = 0.3
     ) -> tuple[float, str, int | None]:
@@ -275,6 +308,118 @@ class Bench:
         shutil.rmtree(self.ray_root, ignore_errors=True)
         if not keep:
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+class TreeMemory(threading.Thread):
+    """Samples the resident memory of a process and all its descendants every `interval` seconds
+    (found by parent pid in /proc, so a process re-parented away from the tree is lost).
+
+    For every process it keeps the kernel's own high-water mark, `VmHWM` of /proc/<pid>/status:
+    the largest resident set the process ever had, not a sample of it, so a short spike between
+    two samples is not missed; only growth in a process's last `interval` before it exits is.
+    `VmRSS` at each sample gives what a group of processes held at once (`peak_sum`): a sampled
+    figure, which can miss a spike shorter than `interval`. RSS counts a page shared between
+    processes (fork's copy-on-write pages, Ray's shared-memory object store) once per process.
+    """
+
+    def __init__(self, root: int, interval: float = 0.25):
+        super().__init__(name=f"tree-memory-{root}", daemon=True)
+        self.root = root
+        self.interval = interval
+        self._halt = threading.Event()
+        # (pid, start time) -> {"parent": key or None, "argv": [...], "hwm": bytes}
+        self.procs: dict[tuple[int, int], dict[str, Any]] = {}
+        self.samples: list[dict[tuple[int, int], int]] = []  # key -> VmRSS bytes, per sample
+        self.root_key: tuple[int, int] | None = None
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=10)
+
+    def sample(self) -> None:
+        stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, start time)
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            pid = int(entry)
+            stats[pid] = (int(fields[1]), int(fields[19]))
+            children.setdefault(int(fields[1]), []).append(pid)
+        if self.root not in stats:
+            return
+        now: dict[tuple[int, int], int] = {}
+        todo = [self.root]
+        while todo:
+            pid = todo.pop()
+            todo += children.get(pid, [])
+            ppid, started = stats[pid]
+            key = (pid, started)
+            memory = _status_memory(pid)
+            if memory is None:
+                continue
+            hwm, rss = memory
+            info = self.procs.get(key)
+            if info is None:
+                parent = (ppid, stats[ppid][1]) if pid != self.root and ppid in stats else None
+                info = self.procs[key] = {"parent": parent, "argv": _argv(pid), "hwm": 0}
+                if pid == self.root:
+                    self.root_key = key
+            info["hwm"] = max(info["hwm"], hwm)
+            now[key] = rss
+        self.samples.append(now)
+
+    def subtree(self, top: tuple[int, int]) -> set[tuple[int, int]]:
+        """`top` and every process seen below it."""
+        below: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for key, info in self.procs.items():
+            if info["parent"] is not None:
+                below.setdefault(info["parent"], []).append(key)
+        found, todo = set(), [top]
+        while todo:
+            key = todo.pop()
+            found.add(key)
+            todo += below.get(key, [])
+        return found
+
+    def peak_sum(self, keys: set[tuple[int, int]]) -> int:
+        """The largest sampled total VmRSS of `keys` at one instant, bytes."""
+        return max((sum(rss for key, rss in sample.items() if key in keys) for sample in self.samples), default=0)
+
+    def peak_one(self, keys: set[tuple[int, int]]) -> int:
+        """The largest VmHWM among `keys`, bytes."""
+        return max((self.procs[key]["hwm"] for key in keys if key in self.procs), default=0)
+
+
+def _status_memory(pid: int) -> tuple[int, int] | None:
+    """(VmHWM, VmRSS) of a live process in bytes; None when it is gone or has no memory (a zombie)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        if line.startswith((b"VmHWM:", b"VmRSS:")):
+            values[line[:5]] = int(line.split()[1]) * 1024
+    return (values[b"VmHWM"], values[b"VmRSS"]) if len(values) == 2 else None
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return []
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -77,6 +77,8 @@ class Sizes:
     shard_cost_rows: int
     shard_cost_shards: int  # ours: T(this many shards) vs T(1 shard), same rows
     shard_cost_baseline_shards: int  # the process runner's side, fewer (each shard is a dj-process)
+    dedup_rows: int = 500_000  # the dedup rows' input (prose with planted duplicates); half of it for the second size
+    dedup_shards: int = 16  # shards of the dedup jobs at dedup_rows (half as many at half the rows)
 
 
 def _prepare_argv(recipe: Path, dataset: Path, job: Path, shards: int) -> list[str]:
@@ -99,9 +101,11 @@ def _worker(b: Bench, job: Path, runner: str, num_cpus: int | None = None, objec
     return b.elastic("worker", "--job-dir", str(job), "--runner", runner, *JOB_SETTINGS, *flags)
 
 
-def _local(b: Bench, recipe: Path, data: Path, job: Path, shards: int, output: Path, runner: str) -> list[str]:
-    """`local --workers 1`: prepare, one worker, verify and merge into `output`."""
-    argv = b.elastic("local", "--workers", "1", "--config", str(recipe), "--dataset-path", str(data), "--job-dir", str(job))
+def _local(b: Bench, recipe: Path, data: Path, job: Path, shards: int, output: Path, runner: str, workers: int = 1) -> list[str]:
+    """`local --workers N` (default 1): prepare, the workers, verify and merge into `output`.
+    Several workers split the machine's CPUs between their Ray runtimes (`local` does that)."""
+    argv = b.elastic("local", "--workers", str(workers), "--config", str(recipe), "--dataset-path", str(data))
+    argv += ["--job-dir", str(job)]
     argv += ["--num-shards", str(shards), "--output", str(output), "--runner", runner, *JOB_SETTINGS]
     return argv + b.resource_flags("local")
 

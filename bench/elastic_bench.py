@@ -1,7 +1,7 @@
 """elastic-sharding benchmark: every performance ratio of bench/README.md, each measured side by side
 with its baseline in this one invocation (on a shared, noisy box only ratios mean anything).
 
-Usage: bench/run [--quick] [--rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
+Usage: bench/run [--quick] [--rows N] [--io-rows N] [--dedup-rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
 The table goes to stdout (then the scaling projection from this run's rates), progress to
 stderr, everything measured to the JSON file.
 """
@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import dedup_measure
 import orjson
 import scale
 from bench_lib import REPO, Bench, BenchError, Result, machine_info, progress
@@ -61,6 +62,9 @@ DEFAULT = Sizes(
     shard_cost_rows=450,
     shard_cost_shards=9,
     shard_cost_baseline_shards=3,
+    # ~0.9 KB rows of prose with 10 % planted duplicates (~470 MB); 31,250 rows per shard.
+    dedup_rows=500_000,
+    dedup_shards=16,
 )
 QUICK = dataclasses.replace(
     DEFAULT,
@@ -76,6 +80,8 @@ QUICK = dataclasses.replace(
     shard_cost_rows=250,
     shard_cost_shards=5,
     shard_cost_baseline_shards=2,
+    dedup_rows=0,  # --rows
+    dedup_shards=4,
 )
 
 # Name -> (the results it yields, how to measure them). Names are what --only accepts.
@@ -99,6 +105,7 @@ NAMES = (
     "warm_ops_actor",
     "warm_ops_task",
     "shard_cost",
+    *dedup_measure.NAMES,
 )
 IO_NAMES = ("prepare", "prepare_original", "prepare_noop", "prepare_procs", "prepare_coop", "merge", "merge_dir")
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -107,6 +114,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "warm_ops": ("warm_ops_actor", "warm_ops_task"),
     "io": IO_NAMES,
     "many_shards": ("many_shards_prepare", "many_shards_claims"),
+    "dedup": dedup_measure.NAMES,
 }
 
 
@@ -139,6 +147,8 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((("warm_ops_actor", "warm_ops_task"), measure_warm_ops))
     if names := want("shard_cost"):
         plan.append((names, measure_shard_cost))
+    if names := want(*dedup_measure.NAMES):
+        plan.append((names, lambda b, s, n=names: dedup_measure.measure_dedup(b, s, n)))
     return plan
 
 
@@ -150,6 +160,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--io-rows",
         type=int,
         help=f"prepare/merge input rows of prose, ~1.3 KB each (default {DEFAULT.io_rows:,}; quick: --rows)",
+    )
+    parser.add_argument(
+        "--dedup-rows",
+        type=int,
+        help=f"dedup input rows of prose with planted duplicates, ~0.9 KB each (default {DEFAULT.dedup_rows:,}; "
+        "quick: --rows); the second size is half of it",
     )
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "latest.json", help="results file")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join((*NAMES, *GROUPS))}")
@@ -169,7 +185,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.wanted = tuple(n for n in NAMES if n in wanted)
     sizes = QUICK if args.quick else DEFAULT
     rows = args.rows or sizes.rows
-    args.sizes = dataclasses.replace(sizes, rows=rows, io_rows=args.io_rows or sizes.io_rows or rows)
+    args.sizes = dataclasses.replace(
+        sizes, rows=rows, io_rows=args.io_rows or sizes.io_rows or rows, dedup_rows=args.dedup_rows or sizes.dedup_rows or rows
+    )
+    if args.sizes.dedup_rows < 2 * args.sizes.dedup_shards:
+        parser.error(f"--dedup-rows must be at least {2 * args.sizes.dedup_shards} (two rows per shard at half size)")
     return args
 
 
@@ -202,7 +222,10 @@ def _verdict(r: Result) -> str:
 def table(results: list[Result], machine: dict, runner: str) -> str:
     rows = [("ratio", "ours", "baseline", "ratio", "target", "met")]
     for r in results:
-        rows.append((r.label, _fmt_secs(r.ours_secs), _fmt_secs(r.baseline_secs), _fmt_ratio(r), r.target, _verdict(r)))
+        # A row whose sides are not plain seconds says what to show (dedup: seconds and rows, MB).
+        shown = r.details.get("shown") or {}
+        ours, baseline = shown.get("ours") or _fmt_secs(r.ours_secs), shown.get("baseline") or _fmt_secs(r.baseline_secs)
+        rows.append((r.label, ours, baseline, _fmt_ratio(r), r.target, _verdict(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
@@ -216,6 +239,10 @@ def table(results: list[Result], machine: dict, runner: str) -> str:
             lines.append(f"ERROR in {r.name}: {r.error.splitlines()[0]}")
         elif r.details.get("skipped"):
             lines.append(f"not measured: {r.name}: {r.details['skipped']}")
+        else:
+            lines += [f"{r.name}: {note}" for note in r.details.get("notes", [])]
+            if r.met is False and r.details.get("missed"):
+                lines.append(f"{r.name}: missed: {', '.join(r.details['missed'])}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,7 +33,23 @@ serial fraction = serial(n) / T(n);  speed-up = T(1) / T(n)
 (B = input bytes; rates in MB/s = 1e6 B/s; the uneven last wave of shards, at most one shard's
 time, is left out.)"""
 
-__doc__ = (__doc__ or "") + "\n" + FORMULA + "\n"
+# The units of a deduplication stage, as src/elastic_sharding/dedup/stage.py cuts them (copied:
+# this file uses only the standard library; tests/test_bench.py checks they agree).
+RECORDS_PER_BUCKET_UNIT = 1 << 21
+ROWS_PER_NODE_PART = 1 << 22
+MAX_PARTS = 4096
+
+DEDUP_FORMULA = """\
+With one deduplication stage (between two segments of the recipe), T(n) and serial(n) gain:
+dedup(n)        = sum over its phases p of  ceil(U_p / (n * w)) * u_p + barrier      (components: once per round)
+dedup_serial(n) = sum over the same phases of  u_p + barrier  (n > 1: each phase's last wave,
+                  at most one unit long, and the wait between phases have fewer than n nodes busy)
+U_keys = U_keep = shards;  U_buckets = min(4096, ceil(R * fanout / 2^21));  U_components = min(shards, 4096, ceil(R / 2^22))
+u_keys = B / shards / keys_rate;  u_keep = B / shards / keep_rate;  u_buckets = R * fanout / U_buckets / bucket_rate
+u_components = R / U_components * round_cost;  R = rows = B * rows_per_MB;  w = stage processes per node
+(rates of one process; the keys units that overlap the previous segment's last shards are not credited.)"""
+
+__doc__ = (__doc__ or "") + "\n" + FORMULA + "\n\n" + DEDUP_FORMULA + "\n"
 
 
 @dataclass
@@ -48,10 +65,52 @@ class Rates:
     merge_dir_secs: float = 0.0  # merge into a directory (links or renames, not bytes)
     max_participants: int | None = None  # prepare participants at most (None: every node)
     output_ratio: float = 1.0  # output bytes per input byte
+    # One deduplication stage (None: none). Rates of one participant process (MB of job input).
+    dedup: str | None = None  # its deduplicator: "simhash", "exact" (no components) or "minhash"
+    dedup_keys_mbps: float = 0.0  # keys units: input hashed per second
+    dedup_bucket_recs_per_sec: float = 0.0  # bucket units: key records sorted and joined per second
+    dedup_round_secs_per_mrow: float = 0.0  # components units: seconds per million rows covered, per round
+    dedup_keep_mbps: float = 0.0  # keep units: input rewritten per second
+    dedup_fanout: float = 1.0  # key records per row
+    dedup_rows_per_mb: float = 1000.0  # rows per MB of input
+    dedup_rounds: int = 0  # components rounds (about the widest duplicate cluster's diameter)
+    dedup_barrier_secs: float = 0.0  # between two phases: the last unit's end to the next phase's start
+    dedup_procs_per_node: int = 1  # stage participants per node (workers per node)
 
 
 def participants(rates: Rates, nodes: int, shards: int) -> int:
     return max(1, min(nodes, shards, rates.max_participants or nodes))
+
+
+def dedup_phases(rates: Rates, total_bytes: float, shards: int) -> list[dict[str, Any]]:
+    """The stage's phases at this size: units, one unit's seconds, and how many times the phase
+    runs (components: once per round); empty without a stage."""
+    if rates.dedup is None:
+        return []
+    mb = total_bytes / 1e6
+    rows = mb * rates.dedup_rows_per_mb
+    records = rows * rates.dedup_fanout
+    buckets = min(MAX_PARTS, max(1, math.ceil(records / RECORDS_PER_BUCKET_UNIT)))
+    phases = [
+        {"phase": "keys", "units": shards, "unit_secs": mb / shards / rates.dedup_keys_mbps, "times": 1},
+        {"phase": "buckets", "units": buckets, "unit_secs": records / buckets / rates.dedup_bucket_recs_per_sec, "times": 1},
+    ]
+    if rates.dedup != "exact" and rates.dedup_rounds > 0:
+        parts = min(shards, MAX_PARTS, max(1, math.ceil(rows / ROWS_PER_NODE_PART)))
+        unit = rows / parts / 1e6 * rates.dedup_round_secs_per_mrow
+        phases.append({"phase": "components", "units": parts, "unit_secs": unit, "times": rates.dedup_rounds})
+    phases.append({"phase": "keep", "units": shards, "unit_secs": mb / shards / rates.dedup_keep_mbps, "times": 1})
+    return phases
+
+
+def dedup_terms(rates: Rates, total_bytes: float, shards: int, nodes: int) -> tuple[float, float]:
+    """(dedup(n), dedup_serial(n)) of DEDUP_FORMULA; (0, 0) without a stage."""
+    slots = nodes * max(1, rates.dedup_procs_per_node)
+    total = serial = 0.0
+    for p in dedup_phases(rates, total_bytes, shards):
+        total += p["times"] * (math.ceil(p["units"] / slots) * p["unit_secs"] + rates.dedup_barrier_secs)
+        serial += p["times"] * (p["unit_secs"] + rates.dedup_barrier_secs) if nodes > 1 else 0.0
+    return total, serial
 
 
 def project(rates: Rates, total_bytes: float, shards: int, nodes: int) -> dict[str, Any]:
@@ -60,11 +119,14 @@ def project(rates: Rates, total_bytes: float, shards: int, nodes: int) -> dict[s
     p = participants(rates, nodes, shards)
     prepare = rates.prepare_fixed_secs + mb / (rates.prepare_mbps * p)
     process = rates.node_startup_secs + mb / (rates.process_mbps * nodes) + shards / nodes * rates.per_shard_secs
+    dedup, dedup_serial = dedup_terms(rates, total_bytes, shards, nodes)
     merges = {"file": mb * rates.output_ratio / rates.merge_mbps, "dir": rates.merge_dir_secs}
     row: dict[str, Any] = {"nodes": nodes, "participants": p, "prepare_secs": prepare, "process_secs": process}
+    if rates.dedup is not None:
+        row |= {"dedup_secs": dedup, "dedup_serial_secs": dedup_serial}
     for kind, merge in merges.items():
-        total = prepare + process + merge
-        serial = (prepare if p < nodes else 0.0) + (merge if nodes > 1 else 0.0)
+        total = prepare + process + dedup + merge
+        serial = (prepare if p < nodes else 0.0) + (merge if nodes > 1 else 0.0) + dedup_serial
         row[kind] = {"merge_secs": merge, "total_secs": total, "serial_secs": serial, "serial_fraction": serial / total}
     return row
 
@@ -87,7 +149,11 @@ def projection(
         "met_file": at["file"]["serial_fraction"] <= SERIAL_TARGET,
         "met_dir": at["dir"]["serial_fraction"] <= SERIAL_TARGET,
     }
-    return {"bytes": total_bytes, "shards": shards, "rates": asdict(rates), "rows": rows, "target": target, "formula": FORMULA}
+    formula = FORMULA if rates.dedup is None else FORMULA + "\n" + DEDUP_FORMULA
+    proj = {"bytes": total_bytes, "shards": shards, "rates": asdict(rates), "rows": rows, "target": target, "formula": formula}
+    if rates.dedup is not None:
+        proj["dedup_phases"] = dedup_phases(rates, total_bytes, shards)
+    return proj
 
 
 def _secs(value: float) -> str:
@@ -105,9 +171,23 @@ def render(proj: dict[str, Any], sources: dict[str, str] | None = None) -> str:
         f"  processing {r.process_mbps:.2f} MB/s per node (+{r.node_startup_secs:.1f} s start-up), {r.per_shard_secs:.2f} s per shard",
         f"  merge {r.merge_mbps:.0f} MB/s to a file (output {r.output_ratio:.2f} x input), {r.merge_dir_secs:.2f} s to a directory",
     ]
+    stage = r.dedup is not None
+    if stage:
+        lines.append(
+            f"  dedup stage ({r.dedup}), per process: keys {r.dedup_keys_mbps:.2f} MB/s, buckets "
+            f"{r.dedup_bucket_recs_per_sec / 1e6:.2f} M records/s ({r.dedup_fanout:.1f} per row, {r.dedup_rows_per_mb:.0f} rows/MB), "
+            f"components {r.dedup_round_secs_per_mrow:.2f} s per M rows x {r.dedup_rounds} round(s), keep "
+            f"{r.dedup_keep_mbps:.1f} MB/s; {r.dedup_procs_per_node} process(es) per node, {r.dedup_barrier_secs:.2f} s between phases"
+        )
+        units = ", ".join(
+            f"{p['phase']} {p['units']} x {_secs(p['unit_secs'])}" + (f" x {p['times']} rounds" if p["times"] > 1 else "")
+            for p in proj.get("dedup_phases", [])
+        )
+        lines.append(f"  dedup units at this size: {units}")
     if sources:
         lines.append("  rates from: " + "; ".join(f"{k} {v}" for k, v in sources.items()))
-    header = ("nodes", "prepare", "process", "merge file", "T file", "speed-up", "serial", "T dir", "speed-up", "serial")
+    header = ("nodes", "prepare", "process", *(("dedup",) if stage else ()), "merge file", "T file", "speed-up", "serial")
+    header += ("T dir", "speed-up", "serial")
     table = [header]
     for row in proj["rows"]:
         f, d = row["file"], row["dir"]
@@ -116,6 +196,7 @@ def render(proj: dict[str, Any], sources: dict[str, str] | None = None) -> str:
                 f"{row['nodes']}" + ("" if row["participants"] == row["nodes"] else f" (p={row['participants']})"),
                 _secs(row["prepare_secs"]),
                 _secs(row["process_secs"]),
+                *((_secs(row["dedup_secs"]),) if stage else ()),
                 _secs(f["merge_secs"]),
                 _secs(f["total_secs"]),
                 f"{f['speedup']:.1f}x",
@@ -160,6 +241,10 @@ ASSUMED = {
 }
 
 
+# The dedup rows, simhash first (its stage has components rounds): each carries its stage's rates.
+DEDUP_ROWS = tuple(f"dedup_{kind}{suffix}" for kind in ("simhash", "exact") for suffix in ("", "_workers", "_rss"))
+
+
 def _ok(result: dict[str, Any] | None) -> bool:
     return bool(result) and not result.get("error") and result.get("details", {}).get("skipped") is None
 
@@ -187,7 +272,7 @@ def rates_from_results(results: dict[str, dict[str, Any]]) -> tuple[Rates, dict[
     # number of processes on any nodes share: every node takes part. One without: one process.
     logs = [
         results[n]["details"].get("cooperative_prepare")
-        for n in ("prepare", "prepare_original", "prepare_coop")
+        for n in ("prepare", "prepare_original", "prepare_coop", *DEDUP_ROWS)
         if _ok(results.get(n))
     ]
     if any(logs):
@@ -219,6 +304,21 @@ def rates_from_results(results: dict[str, dict[str, Any]]) -> tuple[Rates, dict[
     merge_dir = results.get("merge_dir")
     if _ok(merge_dir):
         put("merge_dir_secs", merge_dir["ours_secs"], "merge_dir")
+    # A deduplication stage only where this run measured one (simhash preferred: it has rounds).
+    stage = next(
+        ((name, results[name]) for name in DEDUP_ROWS if _ok(results.get(name)) and results[name]["details"].get("stage_rates")),
+        None,
+    )
+    if stage:
+        name, result = stage
+        measured = result["details"]["stage_rates"]
+        how = f"{name}: the stage's units in local --workers {measured['procs_per_node']} at {result['details']['rows']:,} rows"
+        put("dedup", result["details"]["recipe"], how + " (every dedup_* rate)")
+        for key in ("keys_mbps", "bucket_recs_per_sec", "round_secs_per_mrow", "keep_mbps", "fanout", "rows_per_mb"):
+            if measured.get(key) is not None:
+                values[f"dedup_{key}"] = measured[key]
+        for key in ("rounds", "barrier_secs", "procs_per_node"):
+            values[f"dedup_{key}"] = measured[key]
     for key, (value, source) in ASSUMED.items():
         if key not in values:
             put(key, value, source)
@@ -236,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bench/scale",
         description=__doc__.splitlines()[0],
-        epilog=FORMULA,
+        epilog=FORMULA + "\n\n" + DEDUP_FORMULA,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--prepare-mbps", type=float, required=True, help="prepare MB/s of one participant (one node)")
@@ -250,6 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         "--participants", type=_participants, default=None, metavar="all|K", help="prepare participants at most (default all)"
     )
     parser.add_argument("--output-ratio", type=float, default=1.0, help="output bytes per input byte (default %(default)s)")
+    stage = parser.add_argument_group("one deduplication stage (rates of one process; MB of job input)")
+    stage.add_argument("--dedup", choices=("simhash", "exact", "minhash"), help="project one stage of this deduplicator")
+    stage.add_argument("--dedup-keys-mbps", type=float, help="keys units: MB/s")
+    stage.add_argument("--dedup-bucket-recs", type=float, help="bucket units: key records/s")
+    stage.add_argument("--dedup-round-secs", type=float, default=0.0, help="components: s per million rows per round")
+    stage.add_argument("--dedup-keep-mbps", type=float, help="keep units: MB/s")
+    stage.add_argument("--dedup-fanout", type=float, default=1.0, help="key records per row (default %(default)s)")
+    stage.add_argument("--dedup-rows-per-mb", type=float, default=1000.0, help="rows per MB of input (default %(default)s)")
+    stage.add_argument("--dedup-rounds", type=int, default=0, help="components rounds (default %(default)s)")
+    stage.add_argument("--dedup-barrier-secs", type=float, default=0.0, help="wait between phases (default %(default)s)")
+    stage.add_argument("--dedup-procs", type=int, default=1, help="stage processes per node (default %(default)s)")
     parser.add_argument("--tb", type=float, default=1.0, help="input size in TB (default %(default)s)")
     parser.add_argument("--shards", type=int, default=DEFAULT_SHARDS, help="shards (default %(default)s)")
     parser.add_argument("--nodes", default=",".join(map(str, NODES)), help="node counts (default %(default)s)")
@@ -260,6 +371,27 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.shards < 1:
         parser.error("--shards must be at least 1")
+    dedup: dict[str, Any] = {}
+    if args.dedup:
+        for flag in ("dedup_keys_mbps", "dedup_bucket_recs", "dedup_keep_mbps"):
+            if not (getattr(args, flag) or 0) > 0:
+                parser.error(f"--dedup needs a positive --{flag.replace('_', '-')}")
+        if args.dedup != "exact" and args.dedup_rounds > 0 and not args.dedup_round_secs > 0:
+            parser.error("--dedup-rounds needs a positive --dedup-round-secs")
+        if args.dedup_procs < 1 or args.dedup_fanout <= 0 or args.dedup_rows_per_mb <= 0:
+            parser.error("--dedup-procs, --dedup-fanout and --dedup-rows-per-mb must be positive")
+        dedup = {
+            "dedup": args.dedup,
+            "dedup_keys_mbps": args.dedup_keys_mbps,
+            "dedup_bucket_recs_per_sec": args.dedup_bucket_recs,
+            "dedup_round_secs_per_mrow": args.dedup_round_secs,
+            "dedup_keep_mbps": args.dedup_keep_mbps,
+            "dedup_fanout": args.dedup_fanout,
+            "dedup_rows_per_mb": args.dedup_rows_per_mb,
+            "dedup_rounds": args.dedup_rounds,
+            "dedup_barrier_secs": args.dedup_barrier_secs,
+            "dedup_procs_per_node": args.dedup_procs,
+        }
     rates = Rates(
         prepare_mbps=args.prepare_mbps,
         process_mbps=args.process_mbps,
@@ -270,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         merge_dir_secs=args.merge_dir_secs,
         max_participants=args.participants,
         output_ratio=args.output_ratio,
+        **dedup,
     )
     nodes = tuple(int(n) for n in args.nodes.split(","))
     if any(n < 1 for n in nodes):

@@ -5,9 +5,10 @@ The quick bench asserts nothing about timings or targets: on a shared CI box tho
 and a missed target is a finding to report, not a broken bench. CI runs a bounded subset with
 no Ray runtime: prepare against both its baselines, the no-op prepare, merge to a file and to a
 directory, and claims. The others (`e2e_ray` and `job_dir_bytes` on its job, `overhead`,
-`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`, `prepare_procs`, `prepare_coop`) each
-start Ray runtimes, `dj-process` runs or more local jobs; `bench/run --quick` runs them all, and
-`test_job_dir_size` measures a real run's job directory.
+`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`, `prepare_procs`, `prepare_coop`, `dedup`)
+each start Ray runtimes, `dj-process` runs or more local jobs; `bench/run --quick` runs them all, and
+`test_job_dir_size` measures a real run's job directory. The dedup rows' own parts (their input,
+the memory sampler, the stage in the projection) are checked here without Data-Juicer.
 """
 
 from __future__ import annotations
@@ -162,3 +163,125 @@ def test_prepare_baselines_floor_and_original(tmp_path: Path) -> None:
     assert len(shards) == 7 and all(shard.stat().st_size > 0 for shard in shards)
     assert [row["__elastic_row__"] for row in written] == list(range(50))
     assert [{k: v for k, v in row.items() if k != "__elastic_row__"} for row in written] == rows
+
+
+# -- the dedup rows' helpers and the stage in the projection -----------------------------------------
+
+STAGE = {
+    "dedup": "simhash",
+    "dedup_keys_mbps": 2.0,
+    "dedup_bucket_recs_per_sec": 4e6,
+    "dedup_round_secs_per_mrow": 1.5,
+    "dedup_keep_mbps": 50.0,
+    "dedup_fanout": 15.0,
+    "dedup_rows_per_mb": 1100.0,
+    "dedup_rounds": 4,
+    "dedup_barrier_secs": 0.3,
+    "dedup_procs_per_node": 2,
+}
+
+
+def test_scale_units_are_the_stage_plan():
+    """bench/scale.py copies the stage's unit sizes (standard library only): they must agree."""
+    from elastic_sharding.dedup import stage
+
+    assert (scale.RECORDS_PER_BUCKET_UNIT, scale.ROWS_PER_NODE_PART, scale.MAX_PARTS) == (
+        stage.RECORDS_PER_BUCKET_UNIT,
+        stage.ROWS_PER_NODE_PART,
+        stage.MAX_PARTS,
+    )
+
+
+def test_scale_with_a_dedup_stage():
+    plain = scale.projection(scale.Rates(**TODAY, per_shard_secs=0.3), scale.TB, 4096, scale.NODES)
+    rates = scale.Rates(**TODAY, per_shard_secs=0.3, **STAGE)
+    proj = scale.projection(rates, scale.TB, 4096, scale.NODES)
+    assert "dedup_secs" not in plain["rows"][0] and "dedup" not in plain["formula"]
+    assert "dedup_serial(n)" in proj["formula"]
+    phases = {p["phase"]: p for p in proj["dedup_phases"]}
+    rows = 1e6 * 1100.0
+    assert phases["keys"]["units"] == phases["keep"]["units"] == 4096
+    assert phases["buckets"]["units"] == 4096  # 16.5 G records: capped at MAX_PARTS
+    assert phases["components"]["units"] == math.ceil(rows / scale.ROWS_PER_NODE_PART) and phases["components"]["times"] == 4
+    assert phases["keys"]["unit_secs"] == pytest.approx(1e6 / 4096 / 2.0)
+    for before, row in zip(plain["rows"], proj["rows"]):
+        n = row["nodes"]
+        slots = 2 * n
+        expected = sum(p["times"] * (math.ceil(p["units"] / slots) * p["unit_secs"] + 0.3) for p in phases.values())
+        assert row["dedup_secs"] == pytest.approx(expected)
+        serial = sum(p["times"] * (p["unit_secs"] + 0.3) for p in phases.values()) if n > 1 else 0.0
+        assert row["dedup_serial_secs"] == pytest.approx(serial)
+        for kind in ("file", "dir"):
+            assert row[kind]["total_secs"] == pytest.approx(before[kind]["total_secs"] + expected)
+            assert row[kind]["serial_secs"] == pytest.approx(before[kind]["serial_secs"] + serial)
+    assert proj["rows"][0]["file"]["serial_fraction"] == 0.0
+    # An exact stage has no components rounds.
+    exact = scale.dedup_phases(scale.Rates(**TODAY, **{**STAGE, "dedup": "exact", "dedup_fanout": 1.0}), scale.TB, 4096)
+    assert [p["phase"] for p in exact] == ["keys", "buckets", "keep"]
+
+
+def test_bench_scale_command_with_a_dedup_stage(tmp_path: Path) -> None:
+    argv = [str(REPO / "bench" / "scale"), "--prepare-mbps", "55", "--process-mbps", "4.7", "--merge-mbps", "380",
+            "--dedup", "simhash", "--dedup-keys-mbps", "2", "--dedup-bucket-recs", "4e6", "--dedup-keep-mbps", "50",
+            "--dedup-round-secs", "1.5", "--dedup-rounds", "4", "--dedup-fanout", "15", "--dedup-procs", "2"]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    assert "dedup stage (simhash)" in proc.stdout and "dedup_serial(n)" in proc.stdout
+    header = next(line for line in proc.stdout.splitlines() if line.lstrip().startswith("nodes"))
+    assert [cell.strip() for cell in header.split("|")][:4] == ["nodes", "prepare", "process", "dedup"]
+    bad = subprocess.run(argv[: argv.index("--dedup-keys-mbps")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--dedup needs a positive --dedup-keys-mbps" in bad.stderr
+
+
+def test_scale_rates_from_a_run_take_the_measured_stage() -> None:
+    rates, sources = scale.rates_from_results({})
+    assert rates.dedup is None and "dedup" not in sources  # no dedup row in the run: no stage projected
+    measured = {k.removeprefix("dedup_"): v for k, v in STAGE.items() if k != "dedup"}
+    result = {"name": "dedup_exact_workers", "error": None, "details": {"recipe": "exact", "rows": 1000, "stage_rates": measured}}
+    rates, sources = scale.rates_from_results({"dedup_exact_workers": result, "dedup_simhash": {**result, "error": "failed"}})
+    assert rates.dedup == "exact" and rates.dedup_keys_mbps == 2.0 and rates.dedup_procs_per_node == 2
+    assert sources["dedup"].startswith("dedup_exact_workers")
+    simhash = {**result, "name": "dedup_simhash_rss", "details": {**result["details"], "recipe": "simhash"}}
+    assert scale.rates_from_results({"dedup_exact": result, "dedup_simhash_rss": simhash})[0].dedup == "simhash"
+    # The dedup rows' `local` runs logged a cooperative prepare: every node takes part.
+    assert rates.max_participants == 1
+    result["details"]["cooperative_prepare"] = True
+    assert scale.rates_from_results({"dedup_exact_workers": result})[0].max_participants is None
+
+
+def test_dedup_dataset_plants_duplicates_of_earlier_rows(tmp_path: Path) -> None:
+    from bench_data import DEDUP_KINDS, write_dedup_dataset, write_prefix
+
+    path = tmp_path / "dedup.jsonl"
+    counts = write_dedup_dataset(path, 3000)
+    again = write_dedup_dataset(tmp_path / "again.jsonl", 3000)
+    assert counts == again and path.read_bytes() == (tmp_path / "again.jsonl").read_bytes()
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert [row["id"] for row in rows] == list(range(3000)) and set(counts) == set(DEDUP_KINDS)
+    assert sum(counts.values()) == 3000
+    planted = counts["exact"] + counts["surface"] + counts["near"]
+    assert 0.07 * 3000 < planted < 0.13 * 3000 and min(counts.values()) > 0
+    texts = [row["text"] for row in rows]
+    exact = sum(1 for i, text in enumerate(texts) if text in set(texts[:i]))
+    assert exact >= counts["exact"]  # every exact copy repeats an earlier row
+    half = write_prefix(path, tmp_path / "half.jsonl", 1500)
+    assert half.read_bytes().splitlines() == path.read_bytes().splitlines()[:1500]
+
+
+def test_tree_memory_finds_each_process_peak(tmp_path: Path) -> None:
+    """A child whose own child touches 80 MB and exits: its peak is found in the tree, and the
+    kernel's wait4 figure of the whole run is at least that."""
+    from bench_lib import Bench
+
+    grandchild = "import time; b = bytearray(80 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.0)"
+    child = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {grandchild!r}], check=True); time.sleep(0.6)"
+    bench = Bench(tmp_path / "work", "warm", timeout=60)
+    try:
+        wall, tree, largest = bench.run_with_memory("tree", [sys.executable, "-c", child])
+    finally:
+        bench.close(keep=False)
+    assert wall > 1.0 and tree.root_key is not None
+    everything = tree.subtree(tree.root_key)
+    assert len(everything) == 2
+    assert tree.peak_one(everything) >= 80 << 20 > tree.peak_one({tree.root_key})
+    assert largest >= 80 << 20
+    assert tree.peak_sum(everything) >= 80 << 20
