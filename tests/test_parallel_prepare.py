@@ -94,7 +94,8 @@ def test_prepared_job_is_byte_identical_for_1_2_and_4_cores(tmp_path, monkeypatc
     for procs in (1, 2, 4):
         result = _prepare(tmp_path, data, f"p{procs}", 7, procs, body)
         assert _job_bytes(tmp_path / f"p{procs}") == expected, procs
-        assert len(result.manifest.prepared_by) == procs
+        # Who did a unit is timing: on a loaded box a late helper finds none left (the bytes are the point).
+        assert 1 <= len(result.manifest.prepared_by) <= procs
         big = next(f for f in result.manifest.inputs if f.relpath == "a.jsonl")
         assert big.chunk_bytes == 4096 and len(big.chunks) == -(-big.size // 4096)
         assert big.sha256 == hashlib.sha256(b"".join(bytes.fromhex(c) for c in big.chunks)).hexdigest()
