@@ -17,20 +17,8 @@ import orjson
 import pytest
 from support.dedup_corpus import prose_rows
 from support.fake_worker import worker_command
-from support.jobs import REPO, write_jsonl
+from support.jobs import DEDUP_RECIPE, REPO, write_jsonl
 
-RECIPE = """\
-executor_type: ray
-ray_address: local
-dataset_path: {dataset}
-process:
-  - whitespace_normalization_mapper:
-  - document_deduplicator:
-      lowercase: true
-      ignore_non_character: true
-  - text_length_filter:
-      min_len: 5
-"""
 SHARDS = 4
 STAGE_POINTS = [f"dedup-{phase}{end}" for phase in ("keys", "buckets", "keep") for end in ("", "-done")]
 # The segment after the stage: the victim's 5th and 6th claim or publication is one of its shards.
@@ -58,7 +46,7 @@ def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("dedup-job")
     data = write_jsonl(root / "input.jsonl", prose_rows(600, seed=9))
     recipe = root / "recipe.yaml"
-    recipe.write_text(RECIPE.format(dataset=data))
+    recipe.write_text(DEDUP_RECIPE.format(dataset=data))
     job = root / "job"
     proc = _cli("prepare", "--config", str(recipe), "--job-dir", str(job), "--num-shards", str(SHARDS),
                 "--lock-timeout-secs", "3", "--heartbeat-interval-secs", "0.3", "--poll-interval-secs", "0.2")  # fmt: skip

@@ -8,13 +8,11 @@ Prose with about 10 % planted exact, surface and near duplicates of rows anywher
 
 from __future__ import annotations
 
-import json
-
 import orjson
 import pytest
 from support.dedup_corpus import prose_rows
 from support.dj_default_run import dj_default_rows
-from support.e2e_support import needs_unshare, shard_job, start_node, wait_all
+from support.e2e_support import needs_unshare, run_on_nodes
 
 pytestmark = [pytest.mark.e2e, needs_unshare]
 
@@ -84,26 +82,9 @@ def reference(corpus, tmp_path_factory):
 
 
 def run_job(tmp_path, corpus, recipe_text: str, shards: int, workers: int) -> tuple[list[dict], dict]:
-    """prepare, `workers` worker processes with their own hostnames, merge; the merged rows and status."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(recipe_text)
-    job, merged = tmp_path / "job", tmp_path / "merged.jsonl"
-    shard_job(
-        "prepare", "--config", str(recipe), "--dataset-path", str(corpus), "--job-dir", str(job),
-        "--num-shards", str(shards), "--poll-interval-secs", "0.5", "--heartbeat-interval-secs", "1",
-        "--ray-num-cpus", "1",
-    )  # fmt: skip
-    nodes = {
-        f"dedup-node-{n}": start_node(f"dedup-node-{n}", "worker", "--job-dir", str(job), log=tmp_path / f"node-{n}.log")
-        for n in range(workers)
-    }
-    codes = wait_all(nodes)
-    logs = {name: (tmp_path / f"node-{n}.log").read_text() for n, name in enumerate(nodes)}
-    assert set(codes.values()) == {0}, logs
-    shard_job("merge", "--job-dir", str(job), "--output", str(merged))
-    shard_job("verify", "--job-dir", str(job), "--output", str(merged))
-    status = json.loads(shard_job("status", "--job-dir", str(job), "--json", check=False).stdout)
-    return [orjson.loads(line) for line in merged.read_bytes().splitlines()], status
+    return run_on_nodes(tmp_path, recipe, corpus, shards, workers, name="dedup-node")
 
 
 @pytest.mark.parametrize(("shards", "workers"), [(3, 1), (8, 3)])

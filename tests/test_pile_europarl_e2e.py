@@ -16,14 +16,12 @@ through the CLI's `--dataset-path` and the reference run's own settings.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import orjson
 import pytest
 from support.dj_default_run import dj_default_rows
-from support.e2e_support import needs_unshare, shard_job, start_node, wait_all
+from support.e2e_support import needs_unshare, run_on_nodes
 from support.jobs import TESTS
 from support.offline_models import build_offline_models
 from support.pydoc_corpus import pydoc_corpus
@@ -52,27 +50,6 @@ def corpus(tmp_path_factory):
         yield data, plan
 
 
-def run_job(tmp_path: Path, dataset: Path) -> tuple[list[dict], dict]:
-    """prepare the published recipe, WORKERS worker processes with their own hostnames, merge, verify."""
-    job, merged = tmp_path / "job", tmp_path / "merged.jsonl"
-    shard_job(
-        "prepare", "--config", str(RECIPE), "--dataset-path", str(dataset), "--job-dir", str(job),
-        "--num-shards", str(SHARDS), "--poll-interval-secs", "0.5", "--heartbeat-interval-secs", "1",
-        "--ray-num-cpus", "1",
-    )  # fmt: skip
-    nodes = {
-        f"europarl-node-{n}": start_node(f"europarl-node-{n}", "worker", "--job-dir", str(job), log=tmp_path / f"node-{n}.log")
-        for n in range(WORKERS)
-    }
-    codes = wait_all(nodes)
-    logs = {name: (tmp_path / f"node-{n}.log").read_text() for n, name in enumerate(nodes)}
-    assert set(codes.values()) == {0}, logs
-    shard_job("merge", "--job-dir", str(job), "--output", str(merged))
-    shard_job("verify", "--job-dir", str(job), "--output", str(merged))
-    status = json.loads(shard_job("status", "--job-dir", str(job), "--json", check=False).stdout)
-    return [orjson.loads(line) for line in merged.read_bytes().splitlines()], status
-
-
 def same_values(got, want) -> bool:
     """Equal, except that two floats need only be within a few units in the last place.
 
@@ -93,7 +70,7 @@ def same_values(got, want) -> bool:
 def test_published_pile_europarl_recipe_keeps_the_rows_data_juicer_keeps(tmp_path, corpus):
     dataset, plan = corpus
     expected = dj_default_rows(RECIPE, dataset, tmp_path / "reference", np=2)
-    rows, status = run_job(tmp_path, dataset)
+    rows, status = run_on_nodes(tmp_path, RECIPE, dataset, SHARDS, WORKERS, name="europarl-node")
     assert [row["id"] for row in rows] == [row["id"] for row in expected]
     differ = [(got, want) for got, want in zip(rows, expected) if not same_values(got, want)]
     assert not differ, f"{len(differ)} rows differ from the default executor's, the first: {differ[0]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -99,3 +100,24 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in text:
             found.append(int(entry.name))
     return found
+
+
+def run_on_nodes(
+    tmp_path: Path, recipe: Path, dataset: Path, shards: int, workers: int, name: str = "node"
+) -> tuple[list[dict], dict]:
+    """prepare `recipe` over `dataset`, `workers` worker processes with their own hostnames
+    (`<name>-<n>`), merge and verify: the merged rows, parsed, and `status --json`."""
+    job, merged = tmp_path / "job", tmp_path / "merged.jsonl"
+    shard_job(
+        "prepare", "--config", str(recipe), "--dataset-path", str(dataset), "--job-dir", str(job),
+        "--num-shards", str(shards), "--poll-interval-secs", "0.5", "--heartbeat-interval-secs", "1",
+        "--ray-num-cpus", "1",
+    )  # fmt: skip
+    logs = [tmp_path / f"{name}-{n}.log" for n in range(workers)]
+    nodes = {f"{name}-{n}": start_node(f"{name}-{n}", "worker", "--job-dir", str(job), log=logs[n]) for n in range(workers)}
+    codes = wait_all(nodes)
+    assert set(codes.values()) == {0}, {log.name: log.read_text()[-3000:] for log in logs}
+    shard_job("merge", "--job-dir", str(job), "--output", str(merged))
+    shard_job("verify", "--job-dir", str(job), "--output", str(merged))
+    status = json.loads(shard_job("status", "--job-dir", str(job), "--json", check=False).stdout)
+    return [orjson.loads(line) for line in merged.read_bytes().splitlines()], status

@@ -92,7 +92,7 @@ from support.dedup_node import node_command, stage_spec  # noqa: E402
 from support.e2e_support import processes_with  # noqa: E402
 from support.fake_worker import launch_command, worker_command  # noqa: E402
 from support.fakes import FakeRunner, fake_recipe_keep  # noqa: E402
-from support.jobs import SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
+from support.jobs import DEDUP_RECIPE, SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
 
 PY = sys.executable
 LEASE, HEARTBEAT, POLL = 3.0, 0.3, 0.2
@@ -175,18 +175,6 @@ DEDUP_OPERATORS = (
 )
 DEDUP_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "components") for end in ("", "-done"))
 DEDUP_EXIT_SECS = 120
-DEDUP_JOB_RECIPE = """\
-executor_type: ray
-ray_address: local
-dataset_path: {dataset}
-process:
-  - whitespace_normalization_mapper:
-  - document_deduplicator:
-      lowercase: true
-      ignore_non_character: true
-  - text_length_filter:
-      min_len: 5
-"""
 DEDUP_JOB_SHARDS = (3, 5)
 DEDUP_JOB_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "keep") for end in ("", "-done"))
 PREPARE_EXIT_SECS = 90  # how long a participant may take to exit once the fault has been injected
@@ -1047,7 +1035,7 @@ class Harness:
         if shards not in self._dedup_jobs:
             data = write_jsonl(self.workdir / "dedup-job-input.jsonl", prose_rows(DEDUP_ROWS, seed=7))
             recipe = self.workdir / "dedup-job-recipe.yaml"
-            recipe.write_text(DEDUP_JOB_RECIPE.format(dataset=data))
+            recipe.write_text(DEDUP_RECIPE.format(dataset=data))
             job = self.workdir / f"dedup-job-template-{shards}"
             settings = Settings(
                 lock_timeout_secs=DEDUP_LEASE,

@@ -36,6 +36,22 @@ process:
 """
 
 
+# A recipe with a deduplicator between two segments, for the fake processor (it ignores the
+# mapper and the filter) and Data-Juicer's own document_deduplicator in the stage.
+DEDUP_RECIPE = """\
+executor_type: ray
+ray_address: local
+dataset_path: {dataset}
+process:
+  - whitespace_normalization_mapper:
+  - document_deduplicator:
+      lowercase: true
+      ignore_non_character: true
+  - text_length_filter:
+      min_len: 5
+"""
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))

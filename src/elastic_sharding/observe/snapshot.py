@@ -81,7 +81,8 @@ def _lenient(read: Callable[[], T | None]) -> T | None:
         return None
 
 
-def _read(path: Path, cls: type) -> object | None:
+def read_leniently(path: Path, cls: type[T]) -> T | None:
+    """A small record as a one-shot view reads it (`_lenient`)."""
     return _lenient(lambda: fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2))
 
 
@@ -92,7 +93,7 @@ def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
 def shard_view(layout: JobLayout, spec: ShardSpec, lock_timeout: float, now: float | None = None) -> ShardView:
     now = time.time() if now is None else now
     failures = count_failures(layout, spec.shard_id)
-    completion = _read(layout.done(spec.shard_id), CompletionRecord)
+    completion = read_leniently(layout.done(spec.shard_id), CompletionRecord)
     return _build_view(layout, spec, _claim(layout, spec.shard_id), completion, failures[0], failures[2], lock_timeout, now)
 
 
@@ -107,7 +108,7 @@ def _build_view(
     now: float,
 ) -> ShardView:
     shard_id = spec.shard_id
-    failure = _read(layout.failed(shard_id), FailureRecord)
+    failure = read_leniently(layout.failed(shard_id), FailureRecord)
     heartbeat = None
     age = None
     state = shard_state(claim, completion is not None, failure is not None)
@@ -282,7 +283,7 @@ def job_snapshot(
     views = []
     for spec in manifest.shards:
         claim = _claim(layout, spec.shard_id)
-        completion = _read(layout.done(spec.shard_id), CompletionRecord)
+        completion = read_leniently(layout.done(spec.shard_id), CompletionRecord)
         published = completion.attempt_id if completion is not None else None
         current = _attempts_in(layout.attempts_dir(spec.shard_id), spec, claim, lock_timeout, now, None, published)
         failed = [view for view in current if view.counts_as_failure]

@@ -32,21 +32,19 @@ import os
 import re
 import statistics
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import yaml
 
-from elastic_sharding import confined, fsops
+from elastic_sharding import confined
 from elastic_sharding.claims.heartbeat import read_heartbeat_file
 from elastic_sharding.layout import JobLayout, StageLayout
-from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard, UnitClaim, decode
+from elastic_sharding.observe.snapshot import read_leniently
+from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard, UnitClaim
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 # `dedup/cooperate.py`'s PHASES, in order (not imported: that module needs numpy, status does not).
 KEYS, BUCKETS, COMPONENTS, KEEP = "keys", "buckets", "components", "keep"
@@ -109,22 +107,6 @@ class StageView:
     def error(self) -> str | None:
         f = self.failure
         return None if f is None else f"unit {f.unit} on host={f.host} pid={f.pid}: {f.error}: {f.message}"
-
-
-def _lenient(read: Callable[[], T | None]) -> T | None:
-    """A record as a one-shot view takes it: a link planted in its place (with a warning) or an
-    unparsable one reads as missing."""
-    try:
-        return read()
-    except confined.LinkRefused as exc:
-        log.warning("ignoring %s", exc)
-        return None
-    except (ValueError, OSError):
-        return None
-
-
-def _read(path: Path, cls: type[T]) -> T | None:
-    return _lenient(lambda: fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2))
 
 
 def recipe_operators(layout: JobLayout) -> list[str] | None:
@@ -204,13 +186,13 @@ def _unit_view(
 
     if published:
         if phase == KEEP:
-            kept = _read(files.result(name), KeptShard)
+            kept = read_leniently(files.result(name), KeptShard)
             if kept is not None:
                 return view("done", kept.host, kept.pid, kept.started_at, kept.finished_at, kept.output_rows)
         else:
-            done = _read(files.result(name), DedupUnitDone)
+            done = read_leniently(files.result(name), DedupUnitDone)
             if done is not None:
-                claim = _read(files.lock(name), UnitClaim)
+                claim = read_leniently(files.lock(name), UnitClaim)
                 if claim is not None and (claim.host, claim.pid) == (done.host, done.pid):
                     start = claim.at
                 else:
@@ -221,7 +203,7 @@ def _unit_view(
                 end = None if start is None else start + done.secs
                 return view("done", done.host, done.pid, start, end, done.count)
         return view("done", None, None, None, None, None)  # a result that cannot be read is still there
-    claim = _read(files.lock(name), UnitClaim)
+    claim = read_leniently(files.lock(name), UnitClaim)
     if claim is None:
         return None  # released between the listing and the read
     beat = read_heartbeat_file(files.beat(name))
@@ -251,8 +233,8 @@ def read_stage(
 ) -> StageView:
     """Stage `stage` of the job: `input_done` says whether every shard of the segment before it is done."""
     files = StageLayout(layout.stage_dir(stage))
-    failure = _read(files.failed, DedupFailure)
-    complete = _read(files.done, DedupStageDone)
+    failure = read_leniently(files.failed, DedupFailure)
+    complete = read_leniently(files.done, DedupStageDone)
     claimed, published = _unit_names(files)
     views = []
     for name in sorted(claimed | published):
