@@ -130,6 +130,11 @@ RECIPE_CASES = {
         r"process\[0\] ray_document_deduplicator: is Data-Juicer's Ray-only deduplicator, .* use document_deduplicator in its place",
     ),
     "selector": ("dataset_path: {dataset}\nprocess:\n  - random_selector:\n", r"is a Selector"),
+    "selector after a deduplicator": (
+        "dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n  - topk_specified_field_selector:\n"
+        "      field_key: meta.score\n      topk: 10\n",
+        r"process\[1\] topk_specified_field_selector: is a Selector, a whole-dataset operation",
+    ),
     "grouper": ("dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n", r"is a Grouper"),
     "aggregator": (
         "dataset_path: {dataset}\nprocess:\n  - meta_tags_aggregator:\n",
