@@ -1397,6 +1397,7 @@ class Summary:
             f"actor_kills={c['actor_kills']} actor_freezes={c['actor_freezes']} "
             f"prepare_kills={c['prepare_kills']} prepare_stalls={c['prepare_stalls']} "
             f"dedup_kills={c['dedup_kills']} dedup_stalls={c['dedup_stalls']} "
+            f"dedup_job_kills={c['dedup_job_kills']} dedup_job_stalls={c['dedup_job_stalls']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"
