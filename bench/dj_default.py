@@ -26,17 +26,13 @@ import types
 
 
 def _stand_in() -> None:
+    from elastic_sharding.dependencies.guard import forbid_runtime_installs
+
+    forbid_runtime_installs()
     from data_juicer.utils import model_utils, resource_utils
-    from data_juicer.utils.lazy_loader import LazyLoader
 
     cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0, empty_cache=lambda: None)
     model_utils.torch = resource_utils.torch = types.SimpleNamespace(cuda=cuda)
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise RuntimeError(f"Data-Juicer tried to install a package during a bench baseline run: {args} {kwargs}")
-
-    LazyLoader._install_package = staticmethod(refuse)
-    LazyLoader.check_packages = staticmethod(refuse)
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,7 @@
 """The layering rule of CONTRIBUTING.md, checked on every import of the package.
 
 The package is layered in pipeline order: primitives (the top-level modules and `records/`),
-`claims/`, `dedup/`, `prepare/`, `work/`, `finish/`, `observe/`, `launch/`, `cli/`. A module imports only
+`claims/`, `dependencies/`, `dedup/`, `prepare/`, `work/`, `finish/`, `observe/`, `launch/`, `cli/`. A module imports only
 primitives, its own layer and the layers before it; the one exception is `observe.snapshot`, the
 read-only view of a job that `finish/` (merge, verify, retry) reads the shards' states through.
 """
@@ -14,7 +14,17 @@ from pathlib import Path
 import elastic_sharding
 
 SRC = Path(elastic_sharding.__file__).parent
-ORDER = {"claims": 1, "dedup": 2, "prepare": 3, "work": 4, "finish": 5, "observe": 6, "launch": 7, "cli": 8}
+ORDER = {
+    "claims": 1,
+    "dependencies": 2,
+    "dedup": 3,
+    "prepare": 4,
+    "work": 5,
+    "finish": 6,
+    "observe": 7,
+    "launch": 8,
+    "cli": 9,
+}
 READ_MODEL = "elastic_sharding.observe.snapshot"
 
 

@@ -49,6 +49,10 @@ class VersionMismatchError(ElasticShardError):
     """This worker's Data-Juicer differs from the one recorded at prepare."""
 
 
+class MissingPackagesError(ElasticShardError):
+    """A Python package an operator of the recipe imports is not installed on this node."""
+
+
 class IntegrityError(ElasticShardError):
     """A shard input, attempt output or completion record failed validation."""
 

@@ -5,6 +5,7 @@ directory itself may be one: only links inside it are refused)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -85,6 +86,15 @@ class JobLayout:
         return self.base / "state"
 
     @property
+    def refusals(self) -> Path:
+        """One record per host whose worker refused to claim (`work.node_check`)."""
+        return self.root / "refusals"
+
+    def refusal(self, host: str) -> Path:
+        name = host if _SUFFIX_RE.match(host) and not host.startswith(".") else hashlib.sha256(host.encode()).hexdigest()[:16]
+        return self.refusals / f"{name}.json"
+
+    @property
     def merge_record(self) -> Path:
         return self.root / "merge.json"
 
@@ -96,7 +106,7 @@ class JobLayout:
     def own_names(self) -> frozenset[str]:
         """The names the tool keeps directly in the job directory: no output may take one."""
         paths = (self.manifest, self.recipe, self.merge_record, self.shards_dir, self.attempts_root, self.state)
-        return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs, self.root / "stages"))
+        return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs, self.refusals, self.root / "stages"))
 
     def shard_input(self, shard_id: str) -> Path:
         return self.shards_dir / f"{check_shard_id(shard_id)}.jsonl"

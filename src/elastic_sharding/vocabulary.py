@@ -63,6 +63,13 @@ class Phase(StrEnum):
     PUBLISHING = "publishing"
 
 
+class Refusal(StrEnum):
+    """Why a worker's node refused to claim (`work.node_check`), as `status` shows it."""
+
+    MISSING_PACKAGES = "missing packages"
+    VERSION_MISMATCH = "version mismatch"
+
+
 # Claimed ahead: not started, so it has no age yet.
 WAITING_PHASES = frozenset({Phase.QUEUED})
 # Started but not processing rows yet.

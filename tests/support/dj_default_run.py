@@ -10,8 +10,9 @@ Two things are arranged around it, and nothing else:
   `torch.cuda.empty_cache()` through Data-Juicer's lazy loader, and the lazy loader pip-installs
   torch (6 GB with its CUDA libraries) when it is missing. In the child, the lazy `torch` of
   Data-Juicer's model and resource utilities is a CPU-only stand-in whose `cuda` has no device
-  (nothing else sees it), and the lazy loader's installer raises instead of installing: a recipe
-  whose operators need a missing package fails loudly.
+  (nothing else sees it), and the lazy loader's installer raises instead of installing
+  (`dependencies.guard`, as in every process of the tool): a recipe whose operators need a
+  missing package fails loudly.
 - `keep_stats_in_res_ds: true`: the default executor drops `__dj__stats__` from its result
   unless told otherwise, while the Ray executor that runs each shard keeps it; with it kept, the
   rows of both executors are comparable field for field.
@@ -30,17 +31,13 @@ import yaml
 CHILD = """
 import sys
 import types
+from elastic_sharding.dependencies.guard import forbid_runtime_installs
+
+forbid_runtime_installs()
 from data_juicer.utils import model_utils, resource_utils
-from data_juicer.utils.lazy_loader import LazyLoader
 
 cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0, empty_cache=lambda: None)
 model_utils.torch = resource_utils.torch = types.SimpleNamespace(cuda=cuda)
-
-def refuse(*args, **kwargs):
-    raise RuntimeError(f"Data-Juicer tried to install a package during the reference run: {args} {kwargs}")
-
-LazyLoader._install_package = staticmethod(refuse)
-LazyLoader.check_packages = staticmethod(refuse)
 from data_juicer.tools.process_data import main
 sys.argv = ["dj-process", "--config", sys.argv[1]]
 sys.exit(main())

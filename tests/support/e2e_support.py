@@ -52,9 +52,12 @@ def prepare_demo(job: Path, *options: str) -> None:
     prepare_job(DEMO_RECIPE, job, *options)
 
 
-def start_node(hostname: str, *args: str, log: Path, script: Path = SHARD_JOB) -> subprocess.Popen:
-    """`script` in its own UTS namespace, so gethostname() differs per simulated node."""
-    command = " ".join(["hostname", hostname, "&&", "exec", sys.executable, str(script), *args])
+def start_node(
+    hostname: str, *args: str, log: Path, script: Path = SHARD_JOB, python: str | Path = sys.executable
+) -> subprocess.Popen:
+    """`script` in its own UTS namespace, so gethostname() differs per simulated node, run by
+    `python` (the node's environment)."""
+    command = " ".join(["hostname", hostname, "&&", "exec", str(python), str(script), *args])
     return subprocess.Popen(["unshare", "--uts", "sh", "-c", command], cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
 

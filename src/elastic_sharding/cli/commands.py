@@ -38,6 +38,7 @@ def _job_request(args: argparse.Namespace):  # -> launch.steps.JobRequest
         args.quiet,
         output_dir=directory,
         prepare_procs=args.prepare_procs,
+        install_missing=args.install_missing,
     )
 
 
@@ -79,7 +80,14 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
     config, base = recipe_and_base(args.config)
     request = PrepareRequest(
-        config, args.dataset_path, args.job_dir, args.num_shards, settings.from_args(args), base, args.prepare_procs
+        config,
+        args.dataset_path,
+        args.job_dir,
+        args.num_shards,
+        settings.from_args(args),
+        base,
+        args.prepare_procs,
+        args.install_missing,
     )
     result = prepare(request, quiet=args.quiet or args.json)
     if args.json:

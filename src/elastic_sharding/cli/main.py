@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from elastic_sharding.cli.commands import COMMANDS
 from elastic_sharding.cli.parser import build_parser
+from elastic_sharding.dependencies.guard import forbid_runtime_installs
 from elastic_sharding.errors import EXIT_ERROR, ElasticShardError
 
 
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "elastic-shard", profile
         setup_logging(args.log_level)
     except ValueError:
         parser.error(f"unknown --log-level {args.log_level!r}")
+    forbid_runtime_installs()
     try:
         return COMMANDS[args.command](args)
     except ElasticShardError as exc:

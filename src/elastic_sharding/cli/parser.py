@@ -61,6 +61,12 @@ def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, lau
         type=_positive_int,
         help="processes on this node that share the prepare (default: its usable cores; for `local`, --workers)",
     )
+    parser.add_argument(
+        "--install-missing",
+        action="store_true",
+        help="install the packages the recipe's operators need and this node lacks (pip, once, before the job is "
+        "published); without it a missing package is refused",
+    )
     settings.add_arguments(parser, as_overrides=False, launcher=launcher)
 
 

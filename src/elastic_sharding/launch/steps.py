@@ -46,6 +46,7 @@ class JobRequest:
     quiet: bool = False  # no progress bars on stderr (they are drawn only on a terminal anyway)
     output_dir: bool = False  # `--output` was written with a trailing `/`: publish a directory there
     prepare_procs: int | None = None  # processes on this node that share the prepare (default: its cores)
+    install_missing: bool = False  # install the packages the operators need and this node lacks, once
 
     @property
     def layout(self) -> JobLayout:
@@ -63,7 +64,9 @@ class JobRequest:
 
 def prepare_request(req: JobRequest) -> PrepareRequest:
     config, base = recipe_and_base(req.config)
-    return PrepareRequest(config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base, req.prepare_procs)
+    return PrepareRequest(
+        config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base, req.prepare_procs, req.install_missing
+    )
 
 
 def preflight_job(req: JobRequest) -> None:

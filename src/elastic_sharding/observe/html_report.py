@@ -246,6 +246,17 @@ def _stragglers_table(stragglers: list[dict[str, Any]]) -> str:
     return table(columns, stragglers, shard=_item_shard)
 
 
+def _refused_table(refused: list[dict[str, Any]]) -> str:
+    columns = [
+        _HOST,
+        number("PID", "pid", esc),
+        Column("Reason", lambda item: esc(item.get("reason"))),
+        number("Ago", "age_secs", fmt_secs),
+        Column("Message", lambda item: f"<pre>{esc(item.get('message'))}</pre>", cls="err"),
+    ]
+    return table(columns, refused)
+
+
 def _stale_table(stale: list[dict[str, Any]]) -> str:
     columns = [
         _SHARD,
@@ -365,6 +376,7 @@ def render_report(status: dict[str, Any], attempts: list[AttemptView], now: floa
         "<section><h2>Problems</h2>",
         f"<h3>Failed shards</h3>{_failures_table(dicts(status.get('failures')))}",
         f"<h3>Stragglers</h3>{_stragglers_table(dicts(status.get('stragglers')))}",
+        f"<h3>Refused nodes</h3>{_refused_table(dicts(status.get('refused_nodes')))}",
         f"<h3>Stale claims</h3>{_stale_table(dicts(status.get('stale_claims')))}</section>",
     ]
     return "\n".join(

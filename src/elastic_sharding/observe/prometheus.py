@@ -62,6 +62,14 @@ def render(status: Status) -> str:
     out.family("eta_seconds", "Estimated seconds to completion (absent when unknown).", [({}, m.eta.secs)])
     out.family("complete", "1 once the whole recipe is done (every segment and stage).", [({}, int(status.complete))])
     out.family("stragglers", "Running attempts flagged as stragglers.", [({}, len(m.stragglers))])
+    out.family(
+        "refused_nodes", "Nodes whose worker refused to claim (missing packages, version mismatch).", [({}, len(status.refusals))]
+    )
+    out.family(
+        "host_refused",
+        "1 for a node whose worker refused to claim, by reason.",
+        (({"host": r.host, "reason": r.reason}, 1) for r in status.refusals),
+    )
     out.family("host_rows_per_second", "Input rows per second of a node.", (({"host": n.host}, n.rows_per_sec) for n in m.nodes))
     out.family("host_shards_done", "Shards a node completed.", (({"host": n.host}, n.shards_done) for n in m.nodes))
     out.family(

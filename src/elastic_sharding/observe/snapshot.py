@@ -29,6 +29,7 @@ from elastic_sharding.records import (
     FailureRecord,
     Heartbeat,
     Manifest,
+    NodeRefusal,
     OperatorStats,
     ShardSpec,
     decode,
@@ -84,6 +85,24 @@ def _lenient(read: Callable[[], T | None]) -> T | None:
 def read_leniently(path: Path, cls: type[T]) -> T | None:
     """A small record as a one-shot view reads it (`_lenient`)."""
     return _lenient(lambda: fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2))
+
+
+def node_refusals(layout: JobLayout) -> list[NodeRefusal]:
+    """The hosts whose worker refused to claim (`work.node_check`), by host."""
+    try:
+        entries = confined.list_dir(layout.refusals)
+    except FileNotFoundError:
+        return []
+    except confined.LinkRefused as exc:
+        log.warning("ignoring %s", exc)
+        return []
+    found = []
+    for name, kind in sorted(entries.items()):
+        if kind == "file" and name.endswith(".json") and not name.startswith("."):
+            refusal = read_leniently(layout.refusals / name, NodeRefusal)
+            if refusal is not None:
+                found.append(refusal)
+    return sorted(found, key=lambda r: r.host)
 
 
 def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:

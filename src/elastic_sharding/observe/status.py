@@ -23,7 +23,14 @@ from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.durations import format_duration
 from elastic_sharding.observe.metrics import STRAGGLER_FACTOR, Eta, Node, Running, WarmOperator, job_metrics
-from elastic_sharding.observe.snapshot import AttemptView, ShardView, attempt_history, counts, job_snapshot
+from elastic_sharding.observe.snapshot import (
+    AttemptView,
+    ShardView,
+    attempt_history,
+    counts,
+    job_snapshot,
+    node_refusals,
+)
 from elastic_sharding.observe.stages import (
     COMPONENTS,
     DONE,
@@ -35,7 +42,7 @@ from elastic_sharding.observe.stages import (
     read_stage,
     recipe_operators,
 )
-from elastic_sharding.records import Manifest
+from elastic_sharding.records import Manifest, NodeRefusal
 from elastic_sharding.segments import job_segments, segment_manifest
 from elastic_sharding.vocabulary import ShardState
 
@@ -192,6 +199,7 @@ class Status:
         self.metrics = job_metrics(self.views, self.attempts, self.at)
         self.counts = counts(self.views)
         self.runs = generations(self.job_layout.root)
+        self.refusals = node_refusals(self.job_layout)
         self.operators = recipe_operators(self.job_layout) if len(self.segments) > 1 else None
         self.stages = [self._stage(segment.index) for segment in self.segments[1:]]
         self.complete = self._complete()
@@ -384,11 +392,33 @@ class Status:
             "eta": {"secs": _round(m.eta.secs, 1), "at": _round(m.eta.at, 1), "basis": m.eta.basis},
             "nodes": [_node_json(node) for node in m.nodes],
             "stragglers": [_running_json(item) for item in m.stragglers],
+            "refused_nodes": [self._refusal_json(r) for r in self.refusals],
             "stale_claims": self.stale_claims(),
             "failures": self.failures(),
             "shards": [_shard_json(v, per_shard[v.shard_id]) for v in self.views],
             "launcher_runs": self.runs,
         }
+
+    def _refusal_json(self, refusal: NodeRefusal) -> dict[str, Any]:
+        return {
+            "host": refusal.host,
+            "pid": refusal.pid,
+            "at": refusal.at,
+            "age_secs": _round(max(0.0, self.at - refusal.at), 1),
+            "reason": refusal.reason,
+            "message": refusal.message,
+        }
+
+    def _refusal_lines(self) -> list[str]:
+        lines = []
+        for refusal in self.refusals:
+            first, *more = refusal.message.splitlines() or [""]
+            also = f" (+{len(more)} more line(s): status --json)" if more else ""
+            lines.append(
+                f"refused node: {refusal.host} (pid {refusal.pid}, {_age(self.at - refusal.at)} ago) claims nothing: "
+                f"{refusal.reason}: {first}{also}"
+            )
+        return lines
 
     def errors(self, failed_only: bool = False) -> list[str]:
         """`<shard> last error: <root cause> (log: <path>)` for failed (and retrying) shards, and
@@ -465,6 +495,7 @@ class Status:
         if self.stages:
             lines += [self.segment_text(), *(self.stage_text(stage) for stage in self.stages)]
         lines += self._node_lines()
+        lines += self._refusal_lines()
         if self.metrics.stragglers:
             lines.append(f"stragglers (running over {STRAGGLER_FACTOR:g}x the median shard's time for their size):")
             lines += [

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from elastic_sharding.dependencies.install import install
 from elastic_sharding.errors import JobStateError, UsageError
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import RECIPE, Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
 from elastic_sharding.prepare.inputs import check_existing, check_locations, discover, stat_input
 from elastic_sharding.prepare.plan import configured_unit_bytes, make_plan, open_plan, plan_units, write_units
-from elastic_sharding.prepare.recipe import read_recipe, read_resolved
+from elastic_sharding.prepare.recipe import missing_requirements, read_recipe, read_resolved
 from elastic_sharding.prepare.units import UnitWork
 from elastic_sharding.records import Manifest, Request
 from elastic_sharding.settings import Settings, validate_settings
@@ -39,6 +40,7 @@ class PrepareRequest:
     settings: Settings
     base_dir: Path | None = None  # relative paths in the recipe resolve from here (default: cwd)
     procs: int | None = None  # processes on this node that share the work (default: its usable cores)
+    install_missing: bool = False  # pip-install the packages the operators need and this node lacks, first
 
 
 @dataclass
@@ -114,6 +116,8 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     procs_started = spawn_helpers(job.root, helpers) if helpers else []
     try:
         recipe = read_resolved(config_path, base)
+        if req.install_missing:
+            install(missing_requirements(recipe))
         plan = make_plan(request, recipe, kind, root, files, stats, units, base)
         pdir = PrepareDir.of(job.root)
         # A prepare of the same request that was under way may have published the job since the

@@ -18,8 +18,10 @@ from typing import Any
 import yaml
 
 from elastic_sharding.dedup.rules import RAY_TWINS, SUPPORTED, DedupKind, DedupRule
+from elastic_sharding.dependencies.operators import recipe_needs
+from elastic_sharding.dependencies.resolve import Found, check_needs, missing_line, refuse_missing
 from elastic_sharding.errors import RecipeError, UsageError
-from elastic_sharding.records import SegmentSpec
+from elastic_sharding.records import PackageRecord, SegmentSpec
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class Recipe:
     index_key: str | None
     warnings: list[str] = field(default_factory=list)
     max_line_bytes: int = DEFAULT_READ_BLOCK_SIZE  # the longest input/shard line the engine reads
+    packages: list[PackageRecord] = field(default_factory=list)  # set by check_with_engine
+    package_warnings: list[str] = field(default_factory=list)  # likewise
 
     @property
     def ops(self) -> list[tuple[str, dict[str, Any]]]:
@@ -226,7 +230,7 @@ def inspect(recipe: Recipe) -> None:
 def check_with_engine(recipe: Recipe) -> None:
     """Judge the operators by Data-Juicer's own registry and the whole recipe by its config parser."""
     where = str(recipe.source)
-    registry, kinds = _operator_registry(recipe.config.get("custom_operator_paths") or [], where)
+    registry, kinds = operator_registry(recipe.config.get("custom_operator_paths") or [], where)
     from data_juicer.core.executor.dag_execution_strategies import is_global_operation
 
     for position, (name, params) in enumerate(recipe.ops):
@@ -275,6 +279,33 @@ def check_with_engine(recipe: Recipe) -> None:
                 f"{label}: does not support Data-Juicer's Ray executor; use an operator that does, or run this one on the merged output"
             )
     _check_with_data_juicer_parser(recipe.config, {name for name, _ in recipe.ops}, where)
+    recipe.packages = check_packages(recipe, registry)
+
+
+def recipe_packages(recipe: Recipe, registry: dict[str, type]) -> list[Found]:
+    """The packages the recipe's operators import (Data-Juicer's declarations), looked up here."""
+    needs = recipe_needs(recipe.ops, registry)
+    return check_needs((n.package, n.module, f"process[{n.position}] {n.operator}", n.certain) for n in needs)
+
+
+def missing_requirements(recipe: Recipe) -> list[str]:
+    """What Data-Juicer asks for of each package the recipe's operators need and this node lacks."""
+    registry, _ = operator_registry(recipe.config.get("custom_operator_paths") or [], str(recipe.source))
+    return sorted({item.record.wanted for item in recipe_packages(recipe, registry) if item.missing})
+
+
+def check_packages(recipe: Recipe, registry: dict[str, type]) -> list[PackageRecord]:
+    """Refuse the recipe while a package one of its operators needs is missing here (nothing is
+    installed to find out); the records of those that are here, for the manifest. A package
+    needed only on a branch that prepare cannot decide is a warning when missing."""
+    found = recipe_packages(recipe, registry)
+    refuse_missing(found, str(recipe.source))
+    for item in found:
+        if item.missing:
+            warning = missing_line(item.record, str(recipe.source)) + " (needed only on a branch prepare could not decide)"
+            log.warning("%s", warning)
+            recipe.package_warnings.append(warning)
+    return [item.record for item in found if item.present]
 
 
 def _read_block_size(config: dict[str, Any], where: str) -> int:
@@ -324,7 +355,7 @@ def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], w
             ) from None
 
 
-def _operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
+def operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
     from data_juicer.ops import OPERATORS, base_op
 
     if custom_paths:

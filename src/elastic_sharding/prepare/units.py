@@ -338,7 +338,10 @@ class UnitWork:
         if recipe.sha256 != request["config_sha256"]:
             raise RecipeError(f"{recipe.source}: the recipe changed while prepare was running; run prepare again")
         identity = engine_identity()
-        return encode(RecipeJudged(socket.gethostname(), os.getpid(), identity.data_juicer_version))
+        judged = RecipeJudged(
+            socket.gethostname(), os.getpid(), identity.data_juicer_version, recipe.packages, recipe.package_warnings
+        )
+        return encode(judged)
 
     # ---- final ------------------------------------------------------------------------------
 
@@ -397,15 +400,17 @@ class UnitWork:
             with fsops.atomic_output(layout.recipe, replace=True) as out:
                 out.write(recipe_bytes)
                 out.commit()
+        judged = load(RecipeJudged, self.pdir.result("recipe"))
         fields = dict(plan.manifest)
         fields.update(
+            packages=[dataclasses.asdict(p) for p in judged.packages],
             created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             inputs=[dataclasses.asdict(f) for f in inputs],
             total_rows=cuts.total_rows,
             total_bytes=sum(s.bytes for s in specs),
             normalized_sha256=normalized,
             shards=[dataclasses.asdict(s) for s in specs],
-            warnings=[*fields.get("warnings", []), *cuts.warnings],
+            warnings=[*fields.get("warnings", []), *judged.warnings, *cuts.warnings],
             prepared_by=self._participants(scans, writes),
         )
         manifest = from_dict(Manifest, fields, "manifest")

@@ -18,6 +18,7 @@ from elastic_sharding.records.claims import (
     CompletionRecord,
     FailureRecord,
     Heartbeat,
+    NodeRefusal,
     OperatorStats,
     SupersededRecord,
     operator_stats,
@@ -36,7 +37,7 @@ from elastic_sharding.records.codec import (
     shard_id_for,
 )
 from elastic_sharding.records.dedup import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard
-from elastic_sharding.records.job import InputFile, Manifest, Request, SegmentSpec, ShardSpec
+from elastic_sharding.records.job import InputFile, Manifest, PackageRecord, Request, SegmentSpec, ShardSpec
 from elastic_sharding.records.outputs import IndexEntry, MergeRecord, MergeShard, OutputIndex, PublishRecord
 from elastic_sharding.records.prepare import (
     PrepareCuts,
@@ -68,6 +69,7 @@ __all__ = [
     # job
     "InputFile",
     "Manifest",
+    "PackageRecord",
     "Request",
     "Settings",
     "SegmentSpec",
@@ -78,6 +80,7 @@ __all__ = [
     "CompletionRecord",
     "FailureRecord",
     "Heartbeat",
+    "NodeRefusal",
     "OperatorStats",
     "SupersededRecord",
     "operator_stats",

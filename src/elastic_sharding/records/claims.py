@@ -134,3 +134,16 @@ class FailureRecord:
     last_error: str
     host: str
     at: float
+
+
+@dataclass
+class NodeRefusal:
+    """A worker that refused to claim because its node cannot run the job as prepared
+    (`refusals/<host>.json`, replaced by the next refusal on that host, removed by the next worker
+    there that passes the checks). `at` is wall-clock time, for display only."""
+
+    host: str
+    pid: int
+    at: float
+    reason: str  # vocabulary.Refusal
+    message: str

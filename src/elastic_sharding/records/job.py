@@ -50,6 +50,21 @@ class SegmentSpec:
 
 
 @dataclass
+class PackageRecord:
+    """A Python package the recipe's operators import (Data-Juicer's declarations, read by
+    `dependencies.operators`), as the preparing node had it. Every worker finds it again and
+    refuses to claim when it is missing (`required`) or another version."""
+
+    package: str  # what Data-Juicer would install: a name, a requirement, or a git URL
+    module: str | None  # what the operator imports, where Data-Juicer's declaration says
+    distribution: str | None
+    version: str | None
+    operators: list[str]  # "process[3] chinese_convert_mapper", ...
+    required: bool = True  # False: needed only on a branch prepare could not decide
+    wanted: str = ""  # the requirement Data-Juicer asks for, for the install command
+
+
+@dataclass
 class Request:
     """What was asked of `prepare`; an identical request on an existing job is a no-op."""
 
@@ -87,6 +102,8 @@ class Manifest:
     # The recipe cut at its deduplicators; empty in a job prepared before they were supported
     # (one segment: the whole recipe).
     segments: list[SegmentSpec] = field(default_factory=list)
+    # The packages the operators import; empty in a job prepared before they were recorded.
+    packages: list[PackageRecord] = field(default_factory=list)
 
     def shard(self, shard_id: str) -> ShardSpec:
         """The spec of `shard_id`, found by the index its id names (no scan of 20,000 specs)."""

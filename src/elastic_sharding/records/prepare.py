@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from elastic_sharding.records.job import PackageRecord
 
 
 @dataclass
@@ -38,6 +40,8 @@ class RecipeJudged:
     host: str
     pid: int
     data_juicer_version: str | None
+    packages: list[PackageRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -24,8 +24,7 @@ from pathlib import Path
 from elastic_sharding import confined, fsops
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
-from elastic_sharding.engine import engine_identity
-from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, JobStateError, VersionMismatchError
+from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, JobStateError
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import JOIN_ENV, help_until_prepared
@@ -36,6 +35,7 @@ from elastic_sharding.settings import Overrides, with_overrides
 from elastic_sharding.signals import on_stop_signals
 from elastic_sharding.work.attempt import AttemptSteps, Staged
 from elastic_sharding.work.lookahead import ClaimAhead
+from elastic_sharding.work.node_check import check_node
 from elastic_sharding.work.runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 from elastic_sharding.work.stages import StageWork
 
@@ -55,21 +55,6 @@ class WorkerOptions(Overrides):
     cap_each_segment: bool = False
     allow_version_mismatch: bool = False
     runner: str = DEFAULT_RUNNER
-
-
-def check_engine(manifest: Manifest, allow_mismatch: bool) -> None:
-    mine = engine_identity()
-    recorded = (manifest.data_juicer_version, manifest.data_juicer_commit)
-    current = (mine.data_juicer_version, mine.data_juicer_commit)
-    if recorded == current:
-        return
-    message = (
-        f"this worker runs Data-Juicer {current[0]} (commit {current[1] or 'n/a'}) but the job was prepared with "
-        f"{recorded[0]} (commit {recorded[1] or 'n/a'})"
-    )
-    if not allow_mismatch:
-        raise VersionMismatchError(message + "; install the same version on every node or pass --allow-version-mismatch")
-    log.warning("%s; continuing because of --allow-version-mismatch", message)
 
 
 class Worker(AttemptSteps, ClaimAhead):
@@ -137,7 +122,7 @@ class Worker(AttemptSteps, ClaimAhead):
                 self._remove_raw_leftovers()
 
     def _run_segments(self) -> int:
-        check_engine(self.job_manifest, self.options.allow_version_mismatch)
+        check_node(self.job_layout, self.job_manifest, self.options.allow_version_mismatch)
         log.info(
             "worker on host=%s pid=%d: job %s, %d shards, %d recipe segment(s), runner=%s, ray_address=%s, lease %.0fs",
             self.host,

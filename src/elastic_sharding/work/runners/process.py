@@ -25,10 +25,6 @@ from elastic_sharding.work.runners.lifeline import Lifeline
 
 log = logging.getLogger(__name__)
 
-DJ_ENTRY = (
-    "import sys; from elastic_sharding.work.runners.lifeline import hold_group; hold_group(); "
-    "from data_juicer.tools.process_data import main; sys.exit(main())"
-)
 STOP_GRACE_SECS = 10.0
 
 
@@ -128,10 +124,7 @@ class ProcessRunner:
         self.runtime = runtime or NodeRuntime()
 
     def _command(self, recipe: Path) -> list[str]:
-        if self.runtime.starts_own and self.runtime.caps_given():
-            entry = ["-m", "elastic_sharding.work.runners.process_entry", *self.runtime.entry_args(), "--"]
-        else:
-            entry = ["-c", DJ_ENTRY]
+        entry = ["-m", "elastic_sharding.work.runners.process_entry", *self.runtime.entry_args(), "--"]
         return [sys.executable, *entry, "--config", str(recipe)]
 
     def close(self) -> None:

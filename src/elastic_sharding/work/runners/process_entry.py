@@ -1,8 +1,5 @@
-"""`dj-process` with the node caps applied: start Ray with them, then hand over to Data-Juicer.
-
-Used by the process runner only when a cap is set, so that an uncapped attempt stays exactly the
-original demo's `dj-process` run.
-"""
+"""`dj-process` in our node-local Ray runtime: start Ray (with the node caps, and Data-Juicer's
+run-time installs switched off in every Ray worker), then hand over to Data-Juicer's own main."""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ import logging
 import os
 from typing import Any
 
+from elastic_sharding.dependencies.guard import RAY_SETUP_HOOK, forbid_runtime_installs
+
 log = logging.getLogger(__name__)
 
 # Data-Juicer's ray_utils forwards these to Ray workers; so must we, since our init comes first.
@@ -33,13 +35,15 @@ def caps_given(args: argparse.Namespace) -> bool:
 
 
 def init_ray(args: argparse.Namespace) -> dict[str, Any]:
-    """ray.init for this node; returns what was started/joined, for the runtime log."""
+    """ray.init for this node; returns what was started/joined, for the runtime log. Neither this
+    process nor any Ray worker of it lets Data-Juicer install a package (`dependencies.guard`)."""
     import ray
 
+    forbid_runtime_installs()
     os.environ[_DJ_RAY_JOB_ENV] = "1"
     env_vars = {_DJ_RAY_JOB_ENV: "1"}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith(_DJ_TOKEN_ENV_PREFIX)})
-    runtime_env: dict[str, Any] = {"env_vars": env_vars}
+    runtime_env: dict[str, Any] = {"env_vars": env_vars, "worker_process_setup_hook": RAY_SETUP_HOOK}
     if args.custom_op:
         runtime_env["py_modules"] = list(args.custom_op)
     kwargs: dict[str, Any] = {"runtime_env": runtime_env, "include_dashboard": False, "log_to_driver": True}
