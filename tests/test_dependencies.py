@@ -266,6 +266,31 @@ class LateImportMapper(Mapper):
 '''
 
 
+def _late_import_ops(directory: Path) -> Path:
+    (directory / "ops").mkdir()
+    (directory / "ops" / "__init__.py").write_text("from . import late_import_mapper  # noqa: F401\n")
+    (directory / "ops" / "late_import_mapper.py").write_text(LATE_IMPORT_OP)
+    return directory / "ops"
+
+
+def _late_import_recipe(directory: Path) -> Path:
+    dataset = write_jsonl(directory / "d.jsonl", zh_rows(6))
+    config = yaml.safe_load(cc_recipe(directory / "r.yaml", dataset).read_text())
+    config["process"] = [{"late_import_mapper": {}}]
+    config["custom_operator_paths"] = [str(_late_import_ops(directory))]
+    (directory / "r.yaml").write_text(yaml.safe_dump(config))
+    return directory / "r.yaml"
+
+
+def test_install_missing_with_custom_operators_loads_them_once(tmp_path):
+    """--install-missing reads the registry before the recipe unit does, in the same process:
+    Data-Juicer refuses to load a custom operator package twice, so it is loaded once."""
+    recipe = _late_import_recipe(tmp_path)
+    out = cli("prepare", "--config", str(recipe), "--job-dir", str(tmp_path / "job"), "--num-shards", "1", "--install-missing")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "every package the recipe's operators need is installed" in out.stderr
+
+
 @pytest.mark.e2e
 @needs_opencc_absent
 def test_a_job_whose_operator_imports_a_missing_package_at_run_time_fails_it_by_name(tmp_path):

@@ -26,7 +26,7 @@ DJ_DISTRIBUTION = "py-data-juicer"
 
 @dataclass(frozen=True)
 class Found:
-    """A needed package as this environment has it: `version` None when it is missing."""
+    """A needed package as this environment has it (`record.version` None when it is missing)."""
 
     record: PackageRecord
     present: bool
@@ -68,43 +68,28 @@ def look_up(package: str, module: str | None) -> tuple[bool, str | None, str | N
 
 
 def check_needs(needs: Iterable[tuple[str, str | None, str, bool]]) -> list[Found]:
-    """Each (package, module, operator label, certain) merged by package, looked up here."""
-    merged: dict[str, tuple[str, str | None, list[str], bool]] = {}
-    for package, module, operator, certain in needs:
-        key = canonical(module.split(".")[0] if module else _name_of(package))
-        old = merged.get(key)
-        if old is None:
-            merged[key] = (package, module, [operator], certain)
-        else:
-            if operator not in old[2]:
-                old[2].append(operator)
-            merged[key] = (old[0], old[1] or module, old[2], old[3] or certain)
+    """Each (package, module, operator label, certain), merged by top-level module (else by
+    package name), looked up here."""
+    groups: dict[str, list[tuple[str, str | None, str, bool]]] = {}
+    for need in needs:
+        package, module = need[0], need[1]
+        groups.setdefault(canonical(module.split(".")[0] if module else _name_of(package)), []).append(need)
     found = []
-    for package, module, operators, certain in merged.values():
+    for group in groups.values():
+        package = group[0][0]
+        module = next((m for _, m, _, _ in group if m), None)
         present, distribution, version = look_up(package, module)
         record = PackageRecord(
             package=package,
             module=module,
             distribution=distribution,
             version=version,
-            operators=operators,
-            required=certain,
+            operators=list(dict.fromkeys(operator for _, _, operator, _ in group)),
+            required=any(certain for *_, certain in group),
             wanted=pinned_spec(package),
         )
         found.append(Found(record, present))
     return found
-
-
-def recheck(records: Iterable[PackageRecord]) -> list[tuple[PackageRecord, Found]]:
-    """Each package a manifest recorded, looked up again in this environment."""
-    out = []
-    for record in records:
-        present, distribution, version = look_up(record.package, record.module)
-        here = PackageRecord(
-            record.package, record.module, distribution, version, record.operators, record.required, record.wanted
-        )
-        out.append((record, Found(here, present)))
-    return out
 
 
 def refuse_missing(found: Iterable[Found], where: str) -> None:

@@ -355,6 +355,11 @@ def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], w
             ) from None
 
 
+# Custom operator paths already loaded into this process's registry: Data-Juicer refuses to load
+# the same package twice (`prepare --install-missing` reads the registry before the recipe unit).
+_LOADED_CUSTOM: set[tuple[str, ...]] = set()
+
+
 def operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
     from data_juicer.ops import OPERATORS, base_op
 
@@ -366,11 +371,13 @@ def operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, ty
             raise RecipeError(
                 f"{where}: custom_operator_paths entry does not exist: {missing[0]}; fix the path (relative paths start at the recipe)"
             )
-        try:
-            load_custom_operators(custom_paths)
-        except Exception as exc:  # noqa: BLE001 - user code: any error is a recipe error
-            raise RecipeError(
-                f"{where}: cannot load custom operators: {exc}; fix the operator module, or check custom_operator_paths"
-            ) from None
+        if tuple(custom_paths) not in _LOADED_CUSTOM:
+            try:
+                load_custom_operators(custom_paths)
+            except Exception as exc:  # noqa: BLE001 - user code: any error is a recipe error
+                raise RecipeError(
+                    f"{where}: cannot load custom operators: {exc}; fix the operator module, or check custom_operator_paths"
+                ) from None
+            _LOADED_CUSTOM.add(tuple(custom_paths))
     kinds = {name: getattr(base_op, name) for name in ("Mapper", "Filter", *GLOBAL_KINDS)}
     return OPERATORS.modules, kinds

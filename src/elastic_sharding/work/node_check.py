@@ -15,7 +15,7 @@ import socket
 import time
 
 from elastic_sharding import fsops
-from elastic_sharding.dependencies.resolve import missing_line, recheck
+from elastic_sharding.dependencies.resolve import look_up, missing_line
 from elastic_sharding.engine import engine_identity
 from elastic_sharding.errors import ElasticShardError, MissingPackagesError, VersionMismatchError
 from elastic_sharding.layout import JobLayout
@@ -61,17 +61,18 @@ def check_packages(manifest: Manifest, allow_mismatch: bool) -> None:
     and the version prepare saw (else VersionMismatchError, unless `allow_mismatch`)."""
     host = socket.gethostname()
     missing, differing = [], []
-    for recorded, found in recheck(manifest.packages):
-        if found.missing:
+    for recorded in manifest.packages:
+        present, _, version = look_up(recorded.package, recorded.module)
+        if not present:
             line = missing_line(recorded, f"this node ({host})")
             if recorded.required:
                 missing.append(line)
             else:
                 log.warning("%s (needed only on a branch prepare could not decide)", line)
-        elif recorded.version is not None and found.record.version != recorded.version:
+        elif recorded.version is not None and version != recorded.version:
             name = recorded.distribution or recorded.package
             differing.append(
-                f"{name} {found.record.version or '(version unknown)'} here, {recorded.version} when the job was prepared "
+                f"{name} {version or '(version unknown)'} here, {recorded.version} when the job was prepared "
                 f"(used by {' and '.join(recorded.operators)})"
             )
     if missing:
