@@ -79,6 +79,10 @@ class Sizes:
     shard_cost_baseline_shards: int  # the process runner's side, fewer (each shard is a dj-process)
     dedup_rows: int = 500_000  # the dedup rows' input (prose with planted duplicates); half of it for the second size
     dedup_shards: int = 16  # shards of the dedup jobs at dedup_rows (half as many at half the rows)
+    tail_shards: int = 48  # the tail rows: 3 workers, one of them 10x slower on its last shard
+    tail_rows_per_shard: int = 200  # short sleeps, so that a duty cycle slows them evenly
+    tail_ms_per_row: float = 10.0
+    tail_slowdown: float = 10.0
 
 
 def _prepare_argv(recipe: Path, dataset: Path, job: Path, shards: int) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import dedup_measure
 import orjson
 import scale
+import tail_measure
 from bench_lib import REPO, Bench, BenchError, Result, machine_info, progress
 from bench_measures import (
     Sizes,
@@ -82,6 +83,8 @@ QUICK = dataclasses.replace(
     shard_cost_baseline_shards=2,
     dedup_rows=0,  # --rows
     dedup_shards=4,
+    tail_shards=24,
+    tail_rows_per_shard=100,
 )
 
 # Name -> (the results it yields, how to measure them). Names are what --only accepts.
@@ -106,6 +109,7 @@ NAMES = (
     "warm_ops_task",
     "shard_cost",
     *dedup_measure.NAMES,
+    *tail_measure.NAMES,
 )
 IO_NAMES = ("prepare", "prepare_original", "prepare_noop", "prepare_procs", "prepare_coop", "merge", "merge_dir")
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -115,6 +119,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "io": IO_NAMES,
     "many_shards": ("many_shards_prepare", "many_shards_claims"),
     "dedup": dedup_measure.NAMES,
+    "tail": tail_measure.NAMES,
 }
 
 
@@ -149,6 +154,8 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, measure_shard_cost))
     if names := want(*dedup_measure.NAMES):
         plan.append((names, lambda b, s, n=names: dedup_measure.measure_dedup(b, s, n)))
+    if want(*tail_measure.NAMES):
+        plan.append((tail_measure.NAMES, tail_measure.measure_tail))
     return plan
 
 

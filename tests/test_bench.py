@@ -5,7 +5,7 @@ The quick bench asserts nothing about timings or targets: on a shared CI box tho
 and a missed target is a finding to report, not a broken bench. CI runs a bounded subset with
 no Ray runtime: prepare against both its baselines, the no-op prepare, merge to a file and to a
 directory, and claims. The others (`e2e_ray` and `job_dir_bytes` on its job, `overhead`,
-`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`, `prepare_procs`, `prepare_coop`, `dedup`)
+`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`, `prepare_procs`, `prepare_coop`, `dedup`, `tail`)
 each start Ray runtimes, `dj-process` runs or more local jobs; `bench/run --quick` runs them all, and
 `test_job_dir_size` measures a real run's job directory. The dedup rows' own parts (their input,
 the memory sampler, the stage in the projection) are checked here without Data-Juicer.

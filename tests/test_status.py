@@ -195,6 +195,40 @@ def test_stragglers_are_judged_by_the_owners_own_processing_time_not_start_up_or
     assert straggler.factor == pytest.approx(3.5)
 
 
+def test_a_backup_and_its_original_are_one_running_shard_in_the_eta():
+    """Only shard 6 is left: a/1 is 9 s into its 10 s; b/2 started a backup of it 1 s ago and
+    expects 20 s. The shard ends with the original, in 1 s: neither the backup's done part nor its
+    expected end counts again."""
+    history = _history()[:6]
+    original = _attempt(6, "a", 1, 40, None, expected_secs=10.0)
+    backup = _attempt(6, "b", 2, 48, None, expected_secs=20.0, attempt_id="a6-backup", backup_of=original.attempt_id)
+    views = _views({i: ShardState.DONE for i in range(10) if i != 6} | {6: ShardState.RUNNING})
+    m = job_metrics(views, history + [original, backup], now=49.0)
+    assert m.eta.secs == pytest.approx(1.0) and m.active_workers == 2
+    assert [(r.shard_id, r.backup_of) for n in m.nodes for r in n.running] == [
+        (original.shard_id, None),
+        (original.shard_id, original.attempt_id),
+    ]
+    (view,) = m.backups
+    assert (view.state, view.backup_secs, view.original_secs, view.behind_secs) == ("running", 1.0, 9.0, None)
+    assert (m.backup_counts.started, m.backup_counts.running) == (1, 1)
+
+
+def test_a_beaten_attempt_is_neither_a_completion_nor_a_failure():
+    history = _history()[:6]
+    original = _attempt(6, "a", 1, 40, 60, outcome="beaten")
+    backup = _attempt(6, "b", 2, 45, 50, attempt_id="a6-backup", backup_of=original.attempt_id)
+    views = _views({i: ShardState.DONE for i in range(7)})
+    with_race = job_metrics(views, history + [original, backup], now=70.0)
+    nodes = {n.host: n for n in with_race.nodes}
+    assert (nodes["a"].shards_done, nodes["a"].failures, nodes["b"].shards_done) == (4, 0, 3)
+    assert nodes["a"].rows_per_sec == pytest.approx(10.0), "a's rate is its completed shards'"
+    assert with_race.stragglers == [] and with_race.shards_done == 7
+    (view,) = with_race.backups
+    assert (view.state, view.original_secs, view.backup_secs, view.behind_secs) == ("won", 20.0, 5.0, 15.0)
+    assert view.saved_secs is None and not view.nondeterministic
+
+
 # -- real jobs (fake processor) --------------------------------------------------------------
 
 

@@ -207,6 +207,27 @@ def test_running_stale_and_takeover_after_stale():
     assert ">1:40</text>" in page, "the axis spans first start to now, labelled m:ss"
 
 
+def test_a_backup_is_drawn_as_one_with_an_arrow_from_its_original_and_the_claims_next_attempt_follows_the_original():
+    attempts = [
+        _view("part-00000-of-00002", "orig", "n1", "beaten", 100.0, 160.0),
+        _view("part-00000-of-00002", "bk", "n2", "succeeded", 140.0, 150.0, backup_of="orig"),
+        _view("part-00001-of-00002", "slow", "n1", "failed", 100.0, 170.0),
+        _view("part-00001-of-00002", "bk2", "n2", "failed", 150.0, 155.0, backup_of="slow"),
+        _view("part-00001-of-00002", "again", "n2", "succeeded", 175.0, 185.0),
+    ]
+    page = render_report({}, attempts, 200.0)
+    bars = {re.search(r'data-attempt="(\w+)"', bar).group(1): bar for bar in _bars(page)}
+    assert 'data-kind="backup"' in bars["bk"] and 'data-kind="backup"' in bars["bk2"]
+    assert 'data-kind="retry"' in bars["again"], "the claim's next attempt follows the original, not the backup"
+    assert page.count('<rect class="backup-mark"') == 2
+    links = re.findall(r'<path class="handoff (\w+)"[^>]*d="M([\d.]+),[\d.]+ [LC]', page)
+    x = {key: float(re.search(r' x="([\d.]+)"', bar).group(1)) for key, bar in bars.items()}
+    assert sorted(kind for kind, _ in links) == ["backup", "backup", "retry"]
+    assert float(next(start for kind, start in links if kind == "backup")) == pytest.approx(x["bk"], abs=0.1)
+    assert ' fill="#' in bars["orig"] and "beaten (1)" in page and "backup attempt of a straggler (2)" in page
+    assert "(backup of attempt orig)" in page and "(retry of an earlier attempt)" in page
+
+
 def test_empty_or_sparse_status_still_renders():
     page = render_report({}, [], 0.0)
     assert "No attempt has started yet" in page and not _bars(page)

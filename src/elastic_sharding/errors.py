@@ -58,7 +58,15 @@ class IntegrityError(ElasticShardError):
 
 
 class AttemptFailed(Exception):
-    """One shard attempt failed; the worker records it and applies the retry rules."""
+    """One shard attempt failed; the worker records it and applies the retry rules.
+
+    `node_local`: the failure says something about the node, not the shard (its runtime did not
+    start, died or hung, or Ray ran out of memory there), so the retry goes to another node first
+    and a node that keeps failing this way stops claiming (`work.node_health`)."""
+
+    def __init__(self, message: str, node_local: bool = False):
+        super().__init__(message)
+        self.node_local = node_local
 
 
 class AttemptInterrupted(AttemptFailed):

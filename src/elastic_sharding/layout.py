@@ -14,11 +14,11 @@ from pathlib import Path
 
 from elastic_sharding import confined
 from elastic_sharding.errors import JobStateError, UsageError
-from elastic_sharding.records import ATTEMPT_ID_RE, SHARD_ID_RE, Manifest, load
+from elastic_sharding.records import ATTEMPT_ID_RE, SHARD_ID_RE, TOKEN_RE, Manifest, load
 
 log = logging.getLogger(__name__)
 
-STATE_DIRS = ("locks", "stale_locks", "done", "failed", "history")
+STATE_DIRS = ("locks", "stale_locks", "done", "failed", "history", "backups")
 _SUFFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
@@ -137,6 +137,16 @@ class JobLayout:
 
     def failed(self, shard_id: str) -> Path:
         return self.failed_dir / f"{check_shard_id(shard_id)}.json"
+
+    @property
+    def backups_dir(self) -> Path:
+        return self.state / "backups"
+
+    def backup(self, shard_id: str, of_token: str) -> Path:
+        """The backup record of the claim `of_token` of a shard (`records.BackupRecord`)."""
+        if not TOKEN_RE.match(of_token):
+            raise JobStateError(f"{of_token!r} is not a claim token; check the claim record that names it")
+        return self.backups_dir / f"{check_shard_id(shard_id)}.{of_token}.json"
 
     def stale_lock(self, shard_id: str, suffix: str) -> Path:
         if not _SUFFIX_RE.match(suffix):

@@ -26,6 +26,10 @@ MAX_HEARTBEAT_INTERVAL = 30.0
 # node's shard is taken over in minutes; the original demo's 126000 s stays the default of `prepare`.
 LAUNCHER_LOCK_TIMEOUT = 600.0
 LAUNCHER_POLL_INTERVAL = 2.0
+# Backup attempts (docs/concepts/claims.md, "Backup attempts"); chosen from bench/ `tail`.
+DEFAULT_BACKUP_AFTER = 1.5
+DEFAULT_BACKUP_MIN_SECS = 3.0
+DEFAULT_BACKUP_SHARE = 0.1
 
 
 @dataclass
@@ -42,6 +46,9 @@ class Settings:
     ray_object_store_mb: int | None = None
     ray_temp_dir: str | None = None
     claim_ahead_secs: float = DEFAULT_CLAIM_AHEAD
+    backup_after: float = DEFAULT_BACKUP_AFTER
+    backup_min_secs: float = DEFAULT_BACKUP_MIN_SECS
+    backup_share: float = DEFAULT_BACKUP_SHARE
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,28 @@ SETTINGS = (
         DEFAULT_CLAIM_AHEAD,
         DEFAULT_CLAIM_AHEAD,
         "claim and stage the next shard when the current one should end within this many seconds (0: off)",
+    ),
+    Setting(
+        "--backup-after",
+        float,
+        DEFAULT_BACKUP_AFTER,
+        DEFAULT_BACKUP_AFTER,
+        "an idle worker backs up a running shard once it has processed for this many times the median "
+        "shard's time for its size (0: no backup attempts)",
+    ),
+    Setting(
+        "--backup-min-secs",
+        float,
+        DEFAULT_BACKUP_MIN_SECS,
+        DEFAULT_BACKUP_MIN_SECS,
+        "and only once it runs this many seconds past that median time",
+    ),
+    Setting(
+        "--backup-share",
+        float,
+        DEFAULT_BACKUP_SHARE,
+        DEFAULT_BACKUP_SHARE,
+        "at most this share of the live workers run backup attempts at once (always at least one)",
     ),
 )
 
@@ -168,5 +197,11 @@ def validate_settings(settings: Settings) -> None:
         raise UsageError("--ray-object-store-mb must be at least 75 (Ray's minimum object store)")
     if settings.claim_ahead_secs < 0:
         raise UsageError("--claim-ahead-secs must be zero or more")
+    if settings.backup_after != 0 and settings.backup_after < 1:
+        raise UsageError(f"--backup-after must be 0 (no backups) or at least 1, got {settings.backup_after:g}")
+    if settings.backup_min_secs < 0:
+        raise UsageError("--backup-min-secs must be zero or more")
+    if not 0 < settings.backup_share <= 1:
+        raise UsageError(f"--backup-share must be above 0 and at most 1, got {settings.backup_share:g}")
     if settings.ray_temp_dir is not None and not os.path.isabs(settings.ray_temp_dir):
         raise UsageError(f"--ray-temp-dir must be an absolute path, got {settings.ray_temp_dir!r}")

@@ -27,6 +27,7 @@ class AttemptStatus(StrEnum):
     FAILED = "failed"
     FENCED = "fenced"
     INTERRUPTED = "interrupted"
+    BEATEN = "beaten"  # another attempt of its shard published first; stopped, not a failure
 
 
 class AttemptOutcome(StrEnum):
@@ -37,6 +38,7 @@ class AttemptOutcome(StrEnum):
     FAILED = "failed"
     SUPERSEDED = "superseded"
     INTERRUPTED = "interrupted"
+    BEATEN = "beaten"
     RUNNING = "running"
     STALE = "stale"
 
@@ -68,6 +70,7 @@ class Refusal(StrEnum):
 
     MISSING_PACKAGES = "missing packages"
     VERSION_MISMATCH = "version mismatch"
+    NODE_FAILURES = "node-local failures"  # its attempts kept failing for reasons of the node
 
 
 # Claimed ahead: not started, so it has no age yet.

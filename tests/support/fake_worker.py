@@ -1,7 +1,7 @@
 """`elastic-shard` with the fake runner (`support/fakes.py`) in place of Data-Juicer, in its own
 process, for fast multi-process tests. Two modes:
 
-`fake_worker.py worker JOB [--delay S] [--fail-shard ID ...] [--keep-fake-recipe] [--ready-file PATH] [worker flags...]`
+`fake_worker.py worker JOB [--delay S] [--shard-delay ID=S ...] [--fail-shard ID ...] [--keep-fake-recipe] [--ready-file PATH] [worker flags...]`
     The real `worker` command with the fake runner. The fake runner's options come first; every
     other flag goes to `worker`, so errors, signals and exit codes take the same path as in
     production. `--ready-file` is touched each time a shard starts processing (a test's barrier).
@@ -47,13 +47,19 @@ def run_worker(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fake_worker.py worker")
     parser.add_argument("job_dir", type=Path)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--shard-delay", action="append", default=[], help="ID=SECS: this shard takes SECS here")
     parser.add_argument("--fail-shard", action="append", default=[])
     parser.add_argument("--keep-fake-recipe", action="store_true", help="drop rows as fakes.fake_recipe_keep says")
     parser.add_argument("--ready-file", type=Path, help="touched each time a shard starts processing")
     args, worker_flags = parser.parse_known_args(argv)
     keep = fake_recipe_keep if args.keep_fake_recipe else None
+    shard_delays = {shard: float(secs) for shard, secs in (item.split("=") for item in args.shard_delay)}
     elastic_sharding.work.worker.get_runner = lambda name, runtime=None: FakeRunner(
-        delay=args.delay, fail=lambda shard: shard in args.fail_shard, keep=keep, ready=args.ready_file
+        delay=args.delay,
+        fail=lambda shard: shard in args.fail_shard,
+        keep=keep,
+        ready=args.ready_file,
+        shard_delays=shard_delays,
     )
     return main(["worker", "--job-dir", str(args.job_dir), *worker_flags])
 

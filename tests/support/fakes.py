@@ -24,6 +24,9 @@ def fake_recipe_keep(row: dict) -> bool:
     return row["id"] % 7 != 3
 
 
+STEP_SECS = 0.01
+
+
 class FakeRunner:
     name = "fake"
 
@@ -33,8 +36,12 @@ class FakeRunner:
         fail: Callable[[str], bool] | None = None,
         keep: Callable[[dict], bool] | None = None,
         ready: Path | None = None,
+        shard_delays: dict[str, float] | None = None,
+        node_local: bool = False,
     ):
         self.delay = delay
+        self.shard_delays = shard_delays or {}  # a slower (or faster) shard: a straggler on this node
+        self.node_local = node_local  # failures say the node failed (a runtime that did not start)
         self.fail = fail or (lambda shard_id: False)
         self.keep = keep or (lambda row: True)
         self.ready = ready  # touched when a shard starts processing: a test's barrier, not a sleep
@@ -54,21 +61,21 @@ class FakeRunner:
         ctx.set_phase("processing")
         if self.ready is not None:
             self.ready.touch()
-        started = time.monotonic()
-        deadline = started + self.delay
-        halfway = False
-        while time.monotonic() < deadline:
+        # The delay is work done in steps, not a deadline: a process that is stopped part of the
+        # time (a straggler's duty cycle) takes proportionally longer, as real processing would.
+        delay = self.shard_delays.get(ctx.shard_id, self.delay)
+        steps = round(delay / STEP_SECS)
+        for step in range(steps):
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
-            if not halfway and time.monotonic() >= started + self.delay / 2:
-                halfway = True
+            if step == steps // 2:
                 crashpoints.reached("processing")
-            time.sleep(min(0.01, self.delay))
-        if not halfway:
+            time.sleep(STEP_SECS)
+        if steps == 0:
             crashpoints.reached("processing")
         if self.fail(ctx.shard_id):
             ctx.log_path.write_text("ValueError: fake operator failure\n")
-            raise AttemptFailed("fake operator failure")
+            raise AttemptFailed("fake operator failure", node_local=self.node_local)
         rows = [orjson.loads(line) for line in Path(config["dataset_path"]).read_bytes().splitlines()]
         kept = [row for row in rows if self.keep(row)]
         ctx.ray_output.mkdir()

@@ -37,6 +37,10 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               (keys, buckets, keep; before or after the unit's work) or of a shard of the
               segment after it; the job is finished as a user would and the merged output must be
               the clean run's, byte for byte
+  slow        a worker slowed 5-20x mid-shard (SIGSTOP/SIGCONT duty cycles on its process tree:
+              alive, heartbeating, its claim never stale), the others idle once the rest is done:
+              they back its shard up, the first valid publish wins, the slow attempt stops and
+              publishes nothing; sometimes the slow worker is killed after its backup started
   prepare-kill  a cooperative prepare by two or three participants (`prepare`, or the helper that
               joins one) on separate nodes: one of them killed at a crash point of a phase (scan,
               cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
@@ -93,6 +97,7 @@ from support.e2e_support import processes_with  # noqa: E402
 from support.fake_worker import launch_command, worker_command  # noqa: E402
 from support.fakes import FakeRunner, fake_recipe_keep  # noqa: E402
 from support.jobs import DEDUP_RECIPE, SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
+from support.throttle import DutyCycle  # noqa: E402
 
 PY = sys.executable
 LEASE, HEARTBEAT, POLL = 3.0, 0.3, 0.2
@@ -128,7 +133,10 @@ KINDS = {
     "prepare-kill": 2,
     "dedup-kill": 2,
     "dedup-job": 2,
+    "slow": 2,
 }
+# The slow trials: enough shards that three have completed when the others turn idle.
+SLOW_SHARDS, SLOW_BACKUP_AFTER, SLOW_BACKUP_MIN_SECS = 12, 1.5, 0.5
 CRASH_POINTS = ("probing", "claimed", "staged", "processing", "collecting", "publishing", "published")
 COORDINATOR_POINTS = (
     "probing",
@@ -205,6 +213,7 @@ for shard in names(f"{job}/attempts"):
         beat = load(f"{base}/heartbeat.json") or {}
         out["attempts"][attempt] = {"shard": shard, "status": record.get("status"), "pid": record.get("pid"),
             "host": record.get("host"), "superseded": os.path.exists(f"{base}/superseded.json"),
+            "backup_of": record.get("backup_of"),
             "phase": beat.get("phase"), "started_at": record.get("started_at")}
 print(json.dumps(out))
 """
@@ -345,7 +354,8 @@ class Harness:
         self.recipe = workdir / "recipe.yaml"
         self.recipe.write_text(SIMPLE_RECIPE.format(dataset=self.data))
         self.templates = {n: self._template(n) for n in (3, 4, 6)}
-        references = {t.reference for t in self.templates.values()}
+        self.slow_template = self._template(SLOW_SHARDS, SLOW_BACKUP_AFTER, SLOW_BACKUP_MIN_SECS)
+        references = {t.reference for t in (*self.templates.values(), self.slow_template)}
         if len(references) != 1:
             raise AssertionError("clean runs with different shard counts disagree: determinism is broken")
         self.reference = references.pop()
@@ -358,7 +368,7 @@ class Harness:
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    def _template(self, shards: int) -> Template:
+    def _template(self, shards: int, backup_after: float = 2.0, backup_min_secs: float = 10.0) -> Template:
         job = self.workdir / f"template-{shards}"
         settings = Settings(
             lock_timeout_secs=LEASE,
@@ -366,6 +376,8 @@ class Harness:
             poll_interval_secs=POLL,
             heartbeat_interval_secs=HEARTBEAT,
             ray_address="local",
+            backup_after=backup_after,
+            backup_min_secs=backup_min_secs,
         )
         prepare(PrepareRequest(self.recipe, None, job, shards, settings), quiet=True)
         clean = self.workdir / f"clean-{shards}"
@@ -381,8 +393,9 @@ class Harness:
 
     def fresh_job(self, name: str, shards: int) -> Path:
         job = self.cluster.mount / name / "job"
+        template = self.slow_template if shards == SLOW_SHARDS else self.templates[shards]
         self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
-        self.node(0).run(["cp", "-a", str(self.templates[shards].job), str(job)], check=True)
+        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
         return job
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -433,6 +446,11 @@ class Harness:
         if proc.returncode == 0:
             self.compare(outcome, self.node(2).read_bytes(out), expected_ids)
         state = self.inspect(job)
+        backups = {k: a for k, a in state["attempts"].items() if a.get("backup_of")}
+        outcome.counts["backups"] += len(backups)
+        outcome.counts["backups_won"] += sum(
+            (state["done"].get(a["shard"]) or {}).get("attempt_id") == k for k, a in backups.items()
+        )
         for shard, done in state["done"].items():
             attempt = state["attempts"].get(done["attempt_id"]) if done else None
             # "running": its owner was killed or cut off between publishing and recording it (status
@@ -537,10 +555,11 @@ class Harness:
         delay: float,
         envs: dict[int, dict] | None = None,
         victim: int | None = None,
+        shards: int | None = None,
     ) -> tuple[Path, list[subprocess.Popen], dict | None]:
         """A fresh job with a worker on every node. With `victim`, that worker starts first and the
         others only once it is mid-shard, which is returned (its claim record and shard)."""
-        job = self.fresh_job(name, rng.choice(list(self.templates)))
+        job = self.fresh_job(name, shards or rng.choice(list(self.templates)))
         envs = envs or {}
         workers: list[subprocess.Popen | None] = [None] * len(self.cluster.nodes)
         held = None
@@ -691,6 +710,40 @@ class Harness:
             attempt = state["attempts"].get(held["attempt_id"], {})
             outcome.check(attempt.get("status") == "interrupted", f"the drained attempt is {attempt.get('status')}")
             outcome.check(not attempt.get("superseded"), "the drained shard was taken over after a lease instead of handed back")
+        return outcome
+
+    def trial_slow(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        victim = rng.randrange(len(self.cluster.nodes))
+        slowdown = rng.uniform(5.0, 20.0)
+        kill = rng.random() < 0.2
+        outcome = Outcome("slow", f"worker {victim} slowed {slowdown:.0f}x mid-shard{', then killed' if kill else ''}")
+        job, workers, held = self._start(name, log_dir, rng, rng.uniform(0.8, 1.5), victim=victim, shards=SLOW_SHARDS)
+        cycle = DutyCycle(workers[victim].pid, slowdown)
+        cycle.start()
+        outcome.counts["slowed"] += 1
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                state = self.inspect(job)
+                backups = [a for a in state["attempts"].values() if a.get("backup_of")]
+                if kill and backups and workers[victim].poll() is None:
+                    workers[victim].kill()  # mid-race: its claim goes stale, the backup still wins
+                    outcome.counts["kills"] += 1
+                if len(state["done"]) == SLOW_SHARDS:
+                    break
+                time.sleep(0.2)
+        finally:
+            cycle.stop()
+        state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        if held is None:
+            outcome.problems.append("the slowed worker never held a shard mid-processing")
+            return outcome
+        attempt = state["attempts"].get(held["attempt_id"], {})
+        done = state["done"].get(held["shard"]) or {}
+        if done.get("attempt_id") != held["attempt_id"] and not kill:
+            # Its shard was published by another attempt: it noticed and stopped, recording it.
+            outcome.check(attempt.get("status") == "beaten", f"the slowed attempt is {attempt.get('status')}, not beaten")
+        outcome.check(not [a for a in state["attempts"].values() if a["status"] == "failed"], "an attempt failed in a slow trial")
         return outcome
 
     def trial_skew(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
@@ -1398,6 +1451,7 @@ class Summary:
             f"prepare_kills={c['prepare_kills']} prepare_stalls={c['prepare_stalls']} "
             f"dedup_kills={c['dedup_kills']} dedup_stalls={c['dedup_stalls']} "
             f"dedup_job_kills={c['dedup_job_kills']} dedup_job_stalls={c['dedup_job_stalls']} "
+            f"slowed={c['slowed']} backups={c['backups']} backups_won={c['backups_won']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"

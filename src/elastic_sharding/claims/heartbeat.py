@@ -19,7 +19,7 @@ from elastic_sharding import confined, fsops
 from elastic_sharding.claims.protocol import Claim, Claims, read_claim
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.records import ClaimRecord, Heartbeat, decode, encode
-from elastic_sharding.vocabulary import Phase
+from elastic_sharding.vocabulary import ClaimStatus, Phase
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,20 @@ class LeaseKeeper(threading.Thread):
         self.progress: dict[str, Any] = {"phase_since": time.time()}
         self.lost_reason: str | None = None
         self._stop_event = threading.Event()
+        self._wake = threading.Event()
 
     def set_phase(self, phase: str, **progress: Any) -> None:
-        """Enter `phase`; `progress` (Heartbeat's optional fields) rides on the next beats."""
+        """Enter `phase`; `progress` (Heartbeat's optional fields) rides on the next beats. The
+        processing phase is beaten at once: other workers judge stragglers (and status the ETA)
+        from when it began, and a heartbeat interval can be 30 s."""
         self.phase = phase
         self.note(phase_since=time.time(), **progress)
+        if phase == Phase.PROCESSING:
+            self._wake.set()
+
+    def phase_secs(self, phase: str) -> float | None:
+        """How long the holder has been in `phase`, if it is in it now (its own clock)."""
+        return time.time() - self.progress["phase_since"] if self.phase == phase else None
 
     def note(self, **progress: Any) -> None:
         """Add to the progress the next beats carry. The dict is replaced, never changed in place:
@@ -89,7 +98,11 @@ class LeaseKeeper(threading.Thread):
 
     def run(self) -> None:
         last_ok = time.monotonic()
-        while not self._stop_event.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop_event.is_set():
+                return
             try:
                 reason = self.check()
                 if reason is None:
@@ -108,12 +121,18 @@ class LeaseKeeper(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+        self._wake.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=self.interval + 5)
 
 
+# The start of the reason an attempt stops when another attempt of its shard published first.
+OUTRUN = "outrun"
+
+
 class HeartbeatThread(LeaseKeeper):
-    """Keeps a shard claim alive; fences the attempt the moment the claim is gone."""
+    """Keeps a shard claim alive; fences the attempt the moment the claim is gone, and stops it
+    the moment another attempt of its shard (a backup, or the claim a backup backs up) published."""
 
     def __init__(
         self,
@@ -125,7 +144,10 @@ class HeartbeatThread(LeaseKeeper):
         on_lost: Callable[[str], None],
     ):
         def lost(reason: str) -> None:
-            log.error("lost claim of %s: %s; stopping this attempt", claim.shard_id, reason)
+            if reason.startswith(OUTRUN):
+                log.info("%s: %s; stopping this attempt", claim.shard_id, reason)
+            else:
+                log.error("lost claim of %s: %s; stopping this attempt", claim.shard_id, reason)
             on_lost(reason)
 
         files = attempt_files(attempt_dir)
@@ -137,12 +159,18 @@ class HeartbeatThread(LeaseKeeper):
     def check(self) -> str | None:
         if confined.lexists(self.superseded):
             return "this attempt was marked superseded by another worker"
+        winner = self.claims.lost_to(self.claim)
+        if winner is not None:
+            return f"{OUTRUN}: attempt {winner.attempt_id} on {winner.host} published {self.claim.shard_id} first"
         try:
             current = read_claim(self.claims.layout, self.claim.shard_id)
         except ValueError:
             return None
         if current is None:
             return "the claim record is gone"
-        if current.token != self.claim.token:
-            return f"the claim now belongs to host={current.host} pid={current.pid}"
-        return None
+        if current.token == self.claim.token:
+            return None
+        backs_up = self.claim.backs_up
+        if backs_up is not None and current.token == backs_up.token:
+            return None if current.status == ClaimStatus.RUNNING else f"the claim it backs up ended ({current.status})"
+        return f"the claim now belongs to host={current.host} pid={current.pid}"

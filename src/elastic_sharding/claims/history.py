@@ -30,6 +30,8 @@ def attempt_failure(record: AttemptRecord | None, superseded: bool) -> tuple[boo
     status = record.status if record else None
     if status == AttemptStatus.SUCCEEDED or not (status == AttemptStatus.FAILED or superseded):
         return False, None
+    if record is not None and record.backup_of and not record.promoted and not superseded:
+        return False, None  # a backup that failed while the claim was another's: that one goes on
     if record is not None and record.error:
         return True, record.error
     return True, SUPERSEDED_ERROR if superseded else None

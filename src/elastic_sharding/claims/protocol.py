@@ -17,6 +17,11 @@ It relies only on create-once publish and rename (docs/design/protocol.md):
   is create-once, so even a fenced owner racing a publish cannot produce a second completion (P2).
 * Terminal status is written into the claim record (P6): a finished shard's claim stays in
   place with `status: done|failed`, so a claimer never needs a negative lookup to skip it.
+* A backup attempt of a running claim is a create-once `state/backups/<shard>.<claim token>.json`
+  (at most one per claim). It may publish the completion while that claim still runs, or once
+  the claim's owner handed the claim to it; whichever attempt publishes first wins (P2 again),
+  the other sees the completion at its next heartbeat and stops. The claim's owner stays the
+  owner of record: it marks the claim done when the backup won.
 """
 
 from __future__ import annotations
@@ -35,7 +40,15 @@ import orjson
 from elastic_sharding import confined, fsops
 from elastic_sharding.claims.history import read_attempt
 from elastic_sharding.layout import JobLayout, attempt_files
-from elastic_sharding.records import ClaimRecord, CompletionRecord, FailureRecord, SupersededRecord, decode, encode
+from elastic_sharding.records import (
+    BackupRecord,
+    ClaimRecord,
+    CompletionRecord,
+    FailureRecord,
+    SupersededRecord,
+    decode,
+    encode,
+)
 from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus
 
 log = logging.getLogger(__name__)
@@ -105,12 +118,29 @@ def remove_if_token(lock: Path, moved: Path, expected_token: str) -> bool:
     return False
 
 
+def read_backup(layout: JobLayout, shard_id: str, of_token: str) -> BackupRecord | None:
+    path = layout.backup(shard_id, of_token)
+    try:
+        return fsops.read_record(path, lambda data: decode(BackupRecord, data, path))
+    except ValueError:
+        return None
+
+
+def read_completion(layout: JobLayout, shard_id: str) -> CompletionRecord | None:
+    """A shard's completion; None if there is none, ValueError if it is malformed."""
+    path = layout.done(shard_id)
+    return fsops.read_record(path, lambda data: decode(CompletionRecord, data, path))
+
+
 @dataclass
 class Claim:
+    """A claim this worker holds, or (`backs_up` set) a backup attempt of another worker's claim."""
+
     shard_id: str
     token: str
     attempt_id: str
     record: ClaimRecord
+    backs_up: ClaimRecord | None = None
 
 
 class Claims:
@@ -140,12 +170,77 @@ class Claims:
             return None
         return Claim(shard_id, token, record.attempt_id, record)
 
-    def owns(self, claim: Claim) -> bool:
+    def try_backup(self, running: ClaimRecord, reason: str) -> Claim | None:
+        """Start the one backup attempt of the running claim `running`; None if it has one already
+        or it is no longer running."""
+        token = new_token()
+        now = time.time()
+        backup = BackupRecord(
+            shard_id=running.shard_id,
+            token=token,
+            attempt_id=new_attempt_id(self.host, token),
+            host=self.host,
+            pid=self.pid,
+            of_token=running.token,
+            of_attempt_id=running.attempt_id,
+            at=now,
+            reason=reason,
+        )
+        if not fsops.publish_once(self.layout.backup(running.shard_id, running.token), encode(backup)):
+            return None
+        record = ClaimRecord(running.shard_id, token, backup.attempt_id, self.host, self.pid, now, ClaimStatus.RUNNING, now)
+        claim = Claim(running.shard_id, token, backup.attempt_id, record, backs_up=running)
+        return claim if self.owns(claim) else None
+
+    def _current(self, shard_id: str) -> ClaimRecord | None:
         try:
-            current = read_claim(self.layout, claim.shard_id)
+            return read_claim(self.layout, shard_id)
         except ValueError:
-            return False
+            return None
+
+    def holds(self, claim: Claim) -> bool:
+        """The claim record is this attempt's own (a backup's once it was handed the claim)."""
+        current = self._current(claim.shard_id)
         return current is not None and current.token == claim.token
+
+    def owns(self, claim: Claim) -> bool:
+        """This attempt may publish: it holds the claim, or it backs up a claim that still runs."""
+        current = self._current(claim.shard_id)
+        if current is None:
+            return False
+        if current.token == claim.token:
+            return True
+        backs_up = claim.backs_up
+        return backs_up is not None and current.token == backs_up.token and current.status == ClaimStatus.RUNNING
+
+    def lost_to(self, claim: Claim) -> CompletionRecord | None:
+        """The completion another attempt of the shard published first, if one did."""
+        if not confined.lexists(self.layout.done(claim.shard_id)):
+            return None
+        try:
+            completion = read_completion(self.layout, claim.shard_id)
+        except ValueError:
+            return None  # damaged: verify and merge report it; it is not this attempt's to judge
+        return completion if completion is not None and completion.attempt_id != claim.attempt_id else None
+
+    def backup_of(self, claim: Claim) -> BackupRecord | None:
+        return read_backup(self.layout, claim.shard_id, claim.token)
+
+    def hand_to_backup(self, claim: Claim, backup: BackupRecord) -> bool:
+        """Make the backup attempt the claim's own (the owner's attempt failed or was drained):
+        its heartbeat keeps the claim alive from now on and its failure counts, as an owner's."""
+        if not self.holds(claim):
+            return False
+        record = replace(
+            claim.record,
+            token=backup.token,
+            attempt_id=backup.attempt_id,
+            host=backup.host,
+            pid=backup.pid,
+            updated_at=time.time(),
+        )
+        fsops.replace_atomic(self.layout.lock(claim.shard_id), encode(record))
+        return True
 
     def release(self, claim: Claim) -> bool:
         """Give a non-terminal claim back (after a failed attempt) so the shard is pending again."""
@@ -158,8 +253,7 @@ class Claims:
         claim done. The claim is replaced by a terminal one. If the published attempt is the
         stale claim's own, it is recorded as succeeded (its output is the one merge uses), not as
         superseded; any other stale attempt is superseded as in a takeover."""
-        path = self.layout.done(stale.shard_id)
-        completion = fsops.read_record(path, lambda data: decode(CompletionRecord, data, path))
+        completion = read_completion(self.layout, stale.shard_id)
         if completion is None or completion.attempt_id != stale.attempt_id:
             if not self.take_over(stale, unchanged_secs):
                 return False
@@ -224,7 +318,7 @@ class Claims:
 
     def finish(self, claim: Claim, status: str) -> bool:
         """Write the terminal status into the claim record, if the claim is still ours."""
-        if not self.owns(claim):
+        if not self.holds(claim):
             return False
         record = replace(claim.record, status=status, updated_at=time.time())
         fsops.replace_atomic(self.layout.lock(claim.shard_id), encode(record))

@@ -20,7 +20,7 @@ from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claim, Claims, read_claim
 from elastic_sharding.claims.shard_state import shard_state
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.records import ClaimRecord
+from elastic_sharding.records import ClaimRecord, Heartbeat
 from elastic_sharding.vocabulary import ClaimStatus, ShardState
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,23 @@ class ShardScanner:
         self._first = 0  # shards before it are all terminal: a pass starts here
         self.position = 0  # where the last pass claimed (or ended)
         self.running_seen = 0  # other workers' running claims the last pass read before `position`
+        # Other workers' live claims the last pass read, with their heartbeats and how long this
+        # process has seen that heartbeat unchanged (on its own clock): what backups judge.
+        self.running: dict[str, tuple[ClaimRecord, Heartbeat | None, float]] = {}
+        self._avoid: dict[str, float] = {}  # shard -> until when (monotonic) this worker leaves it to others
+
+    def avoid(self, shard_id: str, secs: float) -> None:
+        """Leave a shard to the other workers for `secs` (this node failed it for a reason of its own)."""
+        self._avoid[shard_id] = time.monotonic() + secs
+
+    def _avoided(self, shard_id: str) -> bool:
+        until = self._avoid.get(shard_id)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._avoid[shard_id]
+        return False
 
     def failed(self) -> list[str]:
         return list(self._failed)
@@ -94,6 +111,7 @@ class ShardScanner:
         if failed:
             return None, failed
         self.running_seen = 0
+        self.running = {}
         for at in range(self._first, len(self.shard_ids)):
             shard_id = self.shard_ids[at]
             self.position = at
@@ -123,12 +141,17 @@ class ShardScanner:
                 if state == ShardState.FAILED:
                     self.mark_terminal(shard_id, ClaimStatus.FAILED)
                     return None, [shard_id]
+                if self._avoided(shard_id):
+                    continue
                 claim = self.claims.try_claim(shard_id)
                 if claim is not None:
                     return self._within_retry_limit(claim)
                 continue
-            if not self._stale(record):
-                self.running_seen += (record.host, record.pid) != (self.claims.host, self.claims.pid)
+            stale, heartbeat = self._stale(record)
+            if not stale:
+                if (record.host, record.pid) != (self.claims.host, self.claims.pid):
+                    self.running_seen += 1
+                    self.running[shard_id] = (record, heartbeat, self.observer.unchanged_for(shard_id))
                 continue
             unchanged = self.observer.unchanged_for(shard_id)
             self.observer.forget(shard_id)
@@ -166,10 +189,12 @@ class ShardScanner:
                 busy += 1
         return unclaimed < busy
 
-    def _stale(self, record: ClaimRecord) -> bool:
+    def _stale(self, record: ClaimRecord) -> tuple[bool, Heartbeat | None]:
         heartbeat = read_claim_heartbeat(self.layout, record)
-        seq = heartbeat.seq if heartbeat is not None and heartbeat.token == record.token else 0
-        return self.observer.is_stale(record.shard_id, record.token, seq)
+        if heartbeat is not None and heartbeat.token != record.token:
+            heartbeat = None
+        seq = heartbeat.seq if heartbeat is not None else 0
+        return self.observer.is_stale(record.shard_id, record.token, seq), heartbeat
 
     def _within_retry_limit(self, claim: Claim) -> tuple[Claim | None, list[str]]:
         """After acquiring: a shard whose failures already reached the limit becomes terminal."""

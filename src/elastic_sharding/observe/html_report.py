@@ -1,8 +1,8 @@
 """report: one self-contained HTML page with a job's timeline, per-node throughput and shards.
 
 A recipe with deduplicators: the timeline holds the attempts of every segment and a lane per
-deduplication stage with its units; a table lists the stages; the nodes and shards tables are
-the current segment's, as in `status`.
+deduplication stage with its units; a table lists the stages; the nodes, shards and backups
+tables are the current segment's, as in `status`.
 
 The page must open from a shared filesystem on a machine with no network, and it shows text
 that workers wrote (hostnames, errors, paths), so everything is inline, every such string is
@@ -84,6 +84,8 @@ def _running_text(item: dict[str, Any]) -> str:
         detail.append(f"~{fraction * 100:.0f}%")
     if detail:
         parts.append(f"({esc(', '.join(detail))})")
+    if item.get("backup_of"):
+        parts.append("<em>backup</em>")
     if item.get("straggler"):
         parts.append('<span class="flag">straggler</span>')
     return " ".join(parts)
@@ -246,6 +248,34 @@ def _stragglers_table(stragglers: list[dict[str, Any]]) -> str:
     return table(columns, stragglers, shard=_item_shard)
 
 
+# A backup's state in the colours of the shard state it resembles.
+_BACKUP_STATE_CLASS = {"running": "state-running", "won": "state-done", "failed": "state-failed", "stale": "state-stale"}
+
+
+def _backup_state(item: dict[str, Any]) -> str:
+    text = esc(item.get("state"))
+    if item.get("promoted"):
+        text += " (handed the claim)"
+    if item.get("nondeterministic") is True:
+        text += ' <span class="flag">NOT DETERMINISTIC</span>'
+    return text
+
+
+def _backups_table(backups: list[dict[str, Any]]) -> str:
+    columns = [
+        _SHARD,
+        Column("Original host", lambda item: esc(item.get("of_host")), cls="mono nowrap"),
+        Column("Backup host", lambda item: esc(item.get("host")), cls="mono nowrap"),
+        Column("State", _backup_state, cls=lambda item: _BACKUP_STATE_CLASS.get(str(item.get("state")), "")),
+        number("Backup secs", "backup_secs", fmt_secs),
+        number("Original secs", "original_secs", fmt_secs, title="the original's time when it stopped or the backup won"),
+        number("Behind", "behind_secs", fmt_secs, title="how much longer the original had run than the backup needed"),
+        number("Saved", "saved_secs", fmt_secs, title="known only when both attempts finished"),
+        Column("Why", lambda item: esc(item.get("reason"))),
+    ]
+    return table(columns, backups, shard=_item_shard, sortable=True)
+
+
 def _refused_table(refused: list[dict[str, Any]]) -> str:
     columns = [
         _HOST,
@@ -333,6 +363,10 @@ def _header(status: dict[str, Any], attempts: list[AttemptView], now: float) -> 
         ("ETA", _eta(status)),
         ("Attempts", f"{len(attempts)} on {len(hosts)} node(s)"),
     ]
+    backups = as_dict(status.get("backup_counts"))
+    if num(backups.get("started")):
+        counts_text = ", ".join(f"{fmt_int(backups.get(state))} {state}" for state in ("running", "won", "lost", "failed"))
+        items.append(("Backups", esc(f"{fmt_int(backups.get('started'))} started: {counts_text}")))
     total = num(status.get("segments_total"))
     if total is not None and total > 1:
         segment = f"{fmt_int(status.get('segment'))} of 0–{int(total) - 1}"
@@ -373,6 +407,7 @@ def render_report(status: dict[str, Any], attempts: list[AttemptView], now: floa
     sections += [
         f"<section><h2>Nodes</h2>{_nodes_table(dicts(status.get('nodes')))}</section>",
         f"<section><h2>Shards</h2>{_shards_table(dicts(status.get('shards')), attempts, status.get('segment', 0))}</section>",
+        f"<section><h2>Backups</h2>{_backups_table(dicts(status.get('backups')))}</section>",
         "<section><h2>Problems</h2>",
         f"<h3>Failed shards</h3>{_failures_table(dicts(status.get('failures')))}",
         f"<h3>Stragglers</h3>{_stragglers_table(dicts(status.get('stragglers')))}",

@@ -2,11 +2,12 @@
 then one lane per deduplication stage, one bar per unit, coloured by its phase.
 
 Bars that overlap on a node (claim-ahead, several workers) are stacked in sub-rows; each bar's
-title holds the attempt's details, and the shard number (and retry/takeover) is written inside
-the bar where it fits. A shard has attempts in each segment of a recipe with deduplicators: a
-retry or takeover is only ever of an attempt of the same shard in the same segment. A stage's
-participants each have a sub-row of its lane (one unit at a time each); a unit's title names its
-host and pid.
+title holds the attempt's details, and the shard number (and retry/takeover/backup) is written
+inside the bar where it fits. A backup attempt has a dashed outline and a dotted arrow from its
+original at the moment it started: the two ran at once, so it is neither a retry nor a takeover.
+A shard has attempts in each segment of a recipe with deduplicators: a retry, takeover or backup
+is only ever of an attempt of the same shard in the same segment. A stage's participants each
+have a sub-row of its lane (one unit at a time each); a unit's title names its host and pid.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ TICK_STEPS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 
 MAX_TICKS = 10
 LANE_LABEL_CHARS = 21
 TITLE_ERROR_CHARS = 400
-TAKEOVER, RETRY = "takeover", "retry"
+TAKEOVER, RETRY, BACKUP = "takeover", "retry", "backup"
+# Fills, swatches and strokes the stylesheet (assets/report.css) does not have, as presentation attributes.
+OUTCOME_FILL = {AttemptOutcome.BEATEN: "#6e7781"}
+BACKUP_STROKE = "#24292f"
+BACKUP_LINK = "#8250df"
 # Unit bars: a done unit in its phase's colour, a held one striped, a stale one hatched like an attempt.
 PHASE_COLOURS = {"keys": "#8250df", "buckets": "#bf3989", "components": "#1b7c83", "keep": "#9a6700"}
 UNIT_FILL = {"held": "url(#unit-held)", "stale": "url(#stale-hatch)", "failed": "#cf222e"}
@@ -53,7 +58,8 @@ class _Bar:
     view: AttemptView
     x0: float
     x1: float
-    kind: str | None = None  # retry | takeover for attempts after a shard's first
+    kind: str | None = None  # retry | takeover | backup for attempts after a shard's first
+    after: int | None = None  # the index of the attempt it follows (a backup: its original)
     row: int = 0
     y: float = 0.0
     room_right: float = float("inf")
@@ -107,16 +113,26 @@ def _attempt_end(view: AttemptView, now: float) -> float:
     return view.ended_at if view.ended_at is not None else max(now, view.started_at)
 
 
-def _handoff_kinds(attempts: list[AttemptView]) -> dict[int, str]:
-    """For each attempt after its shard's first in its segment (by index): how it followed the previous one."""
-    previous: dict[tuple[int, str], AttemptView] = {}
-    kinds: dict[int, str] = {}
+def _handoffs(attempts: list[AttemptView]) -> dict[int, tuple[str, int | None]]:
+    """For each attempt after its shard's first in its segment (by index): how it followed which one.
+
+    A backup follows its original, and the claim's next attempt follows the original too, unless
+    the claim was handed to the backup (`promoted`)."""
+    previous: dict[tuple[int, str], int] = {}
+    originals = {(view.segment, view.shard_id, view.attempt_id): index for index, view in enumerate(attempts)}
+    handoffs: dict[int, tuple[str, int | None]] = {}
     for index, view in sorted(enumerate(attempts), key=lambda item: (item[1].started_at, item[1].attempt_id)):
-        before = previous.get((view.segment, view.shard_id))
-        if before is not None:
-            kinds[index] = TAKEOVER if before.outcome in (AttemptOutcome.SUPERSEDED, AttemptOutcome.STALE) else RETRY
-        previous[(view.segment, view.shard_id)] = view
-    return kinds
+        key = (view.segment, view.shard_id)
+        if view.backup_of is not None:
+            handoffs[index] = (BACKUP, originals.get((*key, view.backup_of)))
+            if not view.promoted:
+                continue
+        elif key in previous:
+            before = attempts[previous[key]]
+            kind = TAKEOVER if before.outcome in (AttemptOutcome.SUPERSEDED, AttemptOutcome.STALE) else RETRY
+            handoffs[index] = (kind, previous[key])
+        previous[key] = index
+    return handoffs
 
 
 def _unit_span(unit: UnitView, now: float) -> tuple[float, float] | None:
@@ -144,12 +160,13 @@ def _layout(
     start = min([view.started_at for view in attempts] + [s for s, _ in spans])
     end = max([_attempt_end(view, now) for view in attempts] + [e for _, e in spans])
     timeline = _Timeline(start, max(end, start + 1e-3), [], 0.0)
-    kinds = _handoff_kinds(attempts)
+    handoffs = _handoffs(attempts)
     by_index: dict[int, _Bar] = {}
     by_host: dict[str, list[_Bar]] = {}
     for index, view in enumerate(attempts):
         x0 = timeline.x(view.started_at)
-        bar = _Bar(view, x0, max(timeline.x(_attempt_end(view, now)), x0 + MIN_BAR_W), kinds.get(index))
+        kind, after = handoffs.get(index, (None, None))
+        bar = _Bar(view, x0, max(timeline.x(_attempt_end(view, now)), x0 + MIN_BAR_W), kind, after)
         by_index[index] = bar
         by_host.setdefault(view.host, []).append(bar)
     by_stage: dict[int, list[_UnitBar]] = {}
@@ -219,7 +236,7 @@ def _bar_title(bar: _Bar, start: float, now: float) -> str:
     lines = [
         f"{segment}{view.shard_id} · attempt {view.attempt_id}",
         f"host {view.host} · pid {view.pid} · runner {view.runner}",
-        f"outcome: {view.outcome}" + (f" ({bar.kind} of an earlier attempt)" if bar.kind else ""),
+        f"outcome: {view.outcome}" + _outcome_note(bar),
         f"started +{fmt_secs(view.started_at - start)} ({iso(view.started_at)}), "
         + (f"took {fmt_secs(took)}" if view.ended_at is not None else f"running for {fmt_secs(took)}"),
         f"rows {fmt_int(view.input_rows)} in → {fmt_int(view.output_rows)} out · {fmt_bytes(view.input_bytes)}",
@@ -237,8 +254,17 @@ def _bar_title(bar: _Bar, start: float, now: float) -> str:
     return "\n".join(lines)
 
 
+def _outcome_note(bar: _Bar) -> str:
+    view = bar.view
+    note = " (another attempt of the shard published first)" if view.outcome == AttemptOutcome.BEATEN else ""
+    if bar.kind == BACKUP:
+        handed = "; the claim was handed to it" if view.promoted else ""
+        return f"{note} (backup of attempt {view.backup_of}{handed})"
+    return note + (f" ({bar.kind} of an earlier attempt)" if bar.kind else "")
+
+
 def _bar_label(bar: _Bar) -> str:
-    """The shard number (and retry/takeover) inside the bar, else beside it, else nothing."""
+    """The shard number (and retry/takeover/backup) inside the bar, else beside it, else nothing."""
     number = _shard_number(bar.view.shard_id)
     light = " on-light" if bar.view.outcome in (AttemptOutcome.INTERRUPTED, AttemptOutcome.STALE) else ""
     y = bar.mid_y + 4
@@ -255,11 +281,23 @@ def _bar_svg(bar: _Bar, start: float, now: float) -> str:
     view = bar.view
     outcome = view.outcome if view.outcome in OUTCOMES else AttemptOutcome.FAILED
     kind = f' data-kind="{bar.kind}"' if bar.kind else ""
+    fill = f' fill="{OUTCOME_FILL[outcome]}"' if outcome in OUTCOME_FILL else ""
     return (
         f'<rect class="attempt outcome-{outcome}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '
-        f'height="{ROW_H}" rx="3" data-shard="{esc(view.shard_id)}" data-attempt="{esc(view.attempt_id)}" '
+        f'height="{ROW_H}" rx="3"{fill} data-shard="{esc(view.shard_id)}" data-attempt="{esc(view.attempt_id)}" '
         f'data-host="{esc(view.host)}" data-outcome="{esc(outcome)}" data-segment="{view.segment}"{kind}>'
-        f"<title>{esc(_bar_title(bar, start, now))}</title></rect>{_setup_svg(bar)}{_bar_label(bar)}"
+        f"<title>{esc(_bar_title(bar, start, now))}</title></rect>{_setup_svg(bar)}{_backup_svg(bar)}{_bar_label(bar)}"
+    )
+
+
+def _backup_svg(bar: _Bar) -> str:
+    """A backup attempt's dashed outline, over its bar."""
+    if bar.kind != BACKUP:
+        return ""
+    return (
+        f'<rect class="backup-mark" x="{bar.x0 + 0.75:.1f}" y="{bar.y + 0.75:.1f}" width="{max(bar.x1 - bar.x0 - 1.5, 0.5):.1f}" '
+        f'height="{ROW_H - 1.5}" rx="3" fill="none" stroke="{BACKUP_STROKE}" stroke-width="1.5" stroke-dasharray="4 2" '
+        'pointer-events="none"/>'
     )
 
 
@@ -308,6 +346,14 @@ def _unit_svg(bar: _UnitBar, start: float, now: float) -> str:
 
 
 def _handoff_svg(before: _Bar, after: _Bar) -> str:
+    if after.kind == BACKUP:
+        # From the original at the moment the backup started: the two overlap in time.
+        x, y1, y2 = min(after.x0, before.x1), before.mid_y, after.mid_y
+        y2 += -ROW_H / 2 if y2 > y1 else ROW_H / 2
+        return (
+            f'<path class="handoff backup" data-shard="{esc(after.view.shard_id)}" d="M{x:.1f},{y1:.1f} L{x:.1f},{y2:.1f}" '
+            f'style="stroke:{BACKUP_LINK};stroke-dasharray:1.5 2.5" marker-end="url(#arrow-backup)"/>'
+        )
     x1, y1, x2, y2 = before.x1, before.mid_y, after.x0, after.mid_y
     bend = max(18.0, abs(x2 - x1) / 2)
     return (
@@ -349,7 +395,7 @@ def _lane_svg(lane: _Lane, index: int) -> list[str]:
     ]
 
 
-SVG_DEFS = """<defs>
+SVG_DEFS = f"""<defs>
 <pattern id="stale-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
 <rect width="6" height="6" fill="#e1e4e8"/><rect width="2.5" height="6" fill="#8c959f"/></pattern>
 <pattern id="running-stripes" width="12" height="12" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
@@ -366,6 +412,8 @@ SVG_DEFS = """<defs>
 <path d="M0,0 L8,4 L0,8 z" fill="#57606a"/></marker>
 <marker id="arrow-takeover" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
 <path d="M0,0 L8,4 L0,8 z" fill="#bc4c00"/></marker>
+<marker id="arrow-backup" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
+<path d="M0,0 L8,4 L0,8 z" fill="{BACKUP_LINK}"/></marker>
 </defs>"""
 
 
@@ -391,13 +439,10 @@ def timeline_svg(
     for index in range(len(attempts)):
         parts.append(_bar_svg(bars[index], timeline.start, now))
     parts += [_unit_svg(bar, timeline.start, now) for bar in unit_bars]
-    previous: dict[tuple[int, str], _Bar] = {}
     for index in sorted(bars, key=lambda i: (attempts[i].started_at, attempts[i].attempt_id)):
         bar = bars[index]
-        key = (bar.view.segment, bar.view.shard_id)
-        if bar.kind and key in previous:
-            parts.append(_handoff_svg(previous[key], bar))
-        previous[key] = bar
+        if bar.kind and bar.after is not None:
+            parts.append(_handoff_svg(bars[bar.after], bar))
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -406,11 +451,17 @@ def legend(attempts: list[AttemptView], units: list[UnitView] | None = None) -> 
     counts = {outcome: 0 for outcome in OUTCOMES}
     for view in attempts:
         counts[view.outcome] = counts.get(view.outcome, 0) + 1
-    items = [f'<span><i class="swatch sw-{o}"></i>{o} ({counts[o]})</span>' for o in OUTCOMES]
+    items = [f"<span>{_swatch(o)}{o} ({counts[o]})</span>" for o in OUTCOMES]
     if any(view.setup_secs for view in attempts):
         items.append('<span><i class="swatch sw-setup"></i>starting the node runtime</span>')
     items.append('<span><i class="sw-line"></i>retry (after a failure or hand-back)</span>')
     items.append('<span><i class="sw-line takeover"></i>takeover of a superseded/stale claim</span>')
+    backups = sum(view.backup_of is not None for view in attempts)
+    if backups:
+        items.append(
+            f'<span><i class="swatch" style="border:1.5px dashed {BACKUP_STROKE}"></i>backup attempt of a straggler '
+            f'({backups})</span><span><i class="sw-line" style="border-top:2px dotted {BACKUP_LINK}"></i>backup started</span>'
+        )
     if units:
         phases = [phase for phase in PHASES if any(unit.phase == phase for unit in units)]
         items += [
@@ -421,6 +472,12 @@ def legend(attempts: list[AttemptView], units: list[UnitView] | None = None) -> 
         if any(unit.outcome == "held" for unit in units):
             items.append('<span><i class="swatch" style="background:#a475f9"></i>stage unit held now</span>')
     return '<div class="legend">' + "".join(items) + "</div>"
+
+
+def _swatch(outcome: str) -> str:
+    if outcome in OUTCOME_FILL:
+        return f'<i class="swatch" style="background:{OUTCOME_FILL[outcome]}"></i>'
+    return f'<i class="swatch sw-{outcome}"></i>'
 
 
 __all__ = ["legend", "timeline_svg"]

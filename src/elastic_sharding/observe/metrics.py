@@ -36,16 +36,25 @@ The rules, also documented in the README ("Reading status"):
   measured by the owner's own clock (heartbeat time minus phase start, so clock skew between
   nodes cannot make a straggler); an attempt still queued, verifying its input or starting its
   warm runtime is never one.
+- A backup attempt (`claims.backups`) and the attempt it backs up are one running shard: the ETA
+  counts the larger done part of the two and the shorter time left. An attempt stopped because
+  another of its shard published first (`beaten`) is neither a completion nor a failure.
+- Each backup attempt is a `Backup`: its time and its original's are effective times as above (the
+  original's up to the backup's win when it won); `behind_secs` is how much longer the original had
+  run than the backup needed, known whenever the backup won a race; `saved_secs` only when both
+  finished (the loser's end minus the winner's), since Ray reports no rows mid-shard and the time
+  a stopped original still needed is unknown.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from elastic_sharding.observe.snapshot import AttemptView, ShardView
-from elastic_sharding.records import OperatorStats
+from elastic_sharding.records import BackupRecord, CompletionRecord, OperatorStats
 from elastic_sharding.vocabulary import STARTING_PHASES, WAITING_PHASES, AttemptOutcome, Phase, ShardState
 
 RECENT_SHARDS = 5
@@ -69,6 +78,63 @@ class Running:
     est_fraction: float
     straggler: bool = False
     factor: float | None = None
+    backup_of: str | None = None  # a backup attempt: the attempt it backs up
+
+
+class BackupState(StrEnum):
+    """How a backup attempt's race with the attempt it backs up went."""
+
+    RUNNING = "running"
+    WON = "won"  # it published the shard's completion
+    LOST = "lost"  # another attempt (the original) published first
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    FENCED = "fenced"  # the claim was taken over
+    STALE = "stale"  # its heartbeat stopped
+
+
+_BACKUP_STATE = {
+    AttemptOutcome.RUNNING: BackupState.RUNNING,
+    AttemptOutcome.SUCCEEDED: BackupState.WON,
+    AttemptOutcome.BEATEN: BackupState.LOST,
+    AttemptOutcome.FAILED: BackupState.FAILED,
+    AttemptOutcome.INTERRUPTED: BackupState.INTERRUPTED,
+    AttemptOutcome.SUPERSEDED: BackupState.FENCED,
+    AttemptOutcome.STALE: BackupState.STALE,
+}
+# An original in one of these had not ended (nor stopped heartbeating) when its backup won: they raced.
+_STILL_RACING = frozenset({AttemptOutcome.BEATEN, AttemptOutcome.RUNNING})
+
+
+@dataclass
+class Backup:
+    """One backup attempt and its original (see the module docstring for the times)."""
+
+    shard_id: str
+    attempt_id: str
+    host: str
+    pid: int
+    of_attempt_id: str
+    of_host: str | None  # None when the original's attempt record cannot be read
+    started_at: float
+    reason: str | None  # from its backup record, when readable
+    state: BackupState
+    promoted: bool
+    backup_secs: float
+    original_secs: float | None
+    original_factor: float | None  # original_secs over the median completed shard's time for its size
+    behind_secs: float | None
+    saved_secs: float | None
+    nondeterministic: bool  # both finished, with different outputs
+
+
+@dataclass
+class BackupCounts:
+    started: int = 0
+    running: int = 0
+    won: int = 0
+    lost: int = 0
+    failed: int = 0
 
 
 @dataclass
@@ -158,6 +224,8 @@ class JobMetrics:
     eta: Eta
     nodes: list[Node]
     stragglers: list[Running]
+    backups: list[Backup] = field(default_factory=list)
+    backup_counts: BackupCounts = field(default_factory=BackupCounts)
 
     @property
     def percent(self) -> float:
@@ -205,8 +273,13 @@ def effective_starts(attempts: list[AttemptView]) -> dict[tuple[str, str], float
 
 def _busy_secs(attempt: AttemptView, starts: dict[tuple[str, str], float]) -> float:
     """A finished attempt's time on its worker: from its effective start, less runtime start-up."""
-    end = attempt.ended_at if attempt.ended_at is not None else attempt.started_at
-    return max(0.0, end - starts[(attempt.shard_id, attempt.attempt_id)] - attempt.setup_secs)
+    return _worked_secs(attempt, starts, attempt.ended_at if attempt.ended_at is not None else attempt.started_at)
+
+
+def _worked_secs(attempt: AttemptView, starts: dict[tuple[str, str], float], until: float) -> float:
+    """An attempt's time on its worker up to `until`, as `_busy_secs` counts it."""
+    start = starts.get((attempt.shard_id, attempt.attempt_id), attempt.started_at)
+    return max(0.0, until - start - attempt.setup_secs)
 
 
 def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], float]) -> dict[tuple[str, int], _Rate]:
@@ -233,7 +306,10 @@ def _seconds_per_byte(completed: list[AttemptView], starts: dict[tuple[str, str]
     return statistics.median(samples) if samples else None
 
 
-def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float) -> JobMetrics:
+def job_metrics(
+    views: list[ShardView], attempts: list[AttemptView], now: float, backup_records: dict[str, BackupRecord] | None = None
+) -> JobMetrics:
+    """`backup_records` (`snapshot.backup_records`) add why each backup attempt started."""
     current = [a for a in attempts if a.archive is None]
     done_ids = {v.shard_id for v in views if v.state == ShardState.DONE}
     completed = [
@@ -257,11 +333,13 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
             nodes.setdefault(attempt.host, Node(attempt.host)).failures += 1
 
     per_sec_per_byte = _seconds_per_byte(completed, starts)
-    remaining = sum(v.spec.bytes for v in views if v.state not in (ShardState.DONE, ShardState.FAILED))
+    unfinished = {v.shard_id for v in views if v.state not in (ShardState.DONE, ShardState.FAILED)}
+    remaining = sum(v.spec.bytes for v in views if v.shard_id in unfinished)
     active: dict[tuple[str, int], float | None] = {}  # running worker -> bytes/s
     active_rows: dict[tuple[str, int], float | None] = {}  # and rows/s
     stragglers = []
-    longest = 0.0
+    done_part: dict[str, float] = {}  # unfinished shard -> the largest estimated done bytes of its attempts
+    time_left: dict[str, float] = {}  # and the shortest expected time left of its attempts
     for attempt in running:
         node = nodes.setdefault(attempt.host, Node(attempt.host))
         waiting = attempt.phase in WAITING_PHASES
@@ -270,14 +348,26 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         busy = attempt.phase_secs if attempt.phase == Phase.PROCESSING and attempt.phase_secs is not None else age
         expected = attempt.expected_secs
         fraction = min(RUNNING_CAP, busy / expected) if expected and working else 0.0
-        item = Running(attempt.shard_id, attempt.attempt_id, attempt.host, attempt.pid, attempt.phase, age, expected, fraction)
-        if len(completed) >= STRAGGLER_MIN_DONE and per_sec_per_byte is not None and working:
+        item = Running(
+            attempt.shard_id,
+            attempt.attempt_id,
+            attempt.host,
+            attempt.pid,
+            attempt.phase,
+            age,
+            expected,
+            fraction,
+            backup_of=attempt.backup_of,
+        )
+        shard = attempt.shard_id
+        if shard in unfinished and len(completed) >= STRAGGLER_MIN_DONE and per_sec_per_byte is not None and working:
             typical = per_sec_per_byte * attempt.input_bytes
             if busy > STRAGGLER_FACTOR * typical and busy - typical >= STRAGGLER_SLACK_SECS:
                 item.straggler, item.factor = True, busy / typical if typical > 0 else None
                 stragglers.append(item)
         node.running.append(item)
-        remaining -= fraction * attempt.input_bytes
+        if shard in unfinished:
+            done_part[shard] = max(done_part.get(shard, 0.0), fraction * attempt.input_bytes)
         worker = (attempt.host, attempt.pid)
         if worker in rates:
             active[worker], active_rows[worker] = rates[worker].bytes_per_sec, rates[worker].rows_per_sec
@@ -287,8 +377,11 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
             active_rows[worker] = _mean([r.rows_per_sec for r in host_rates]) or _mean([r.rows_per_sec for r in all_rates])
         rate = active[worker]
         expected = expected or (attempt.input_bytes / rate if rate else None)
-        if expected is not None:
-            longest = max(longest, expected - (busy if working else 0.0))
+        if expected is not None and shard in unfinished:
+            left = expected - (busy if working else 0.0)
+            time_left[shard] = min(time_left.get(shard, left), left)
+    remaining -= sum(done_part.values())
+    longest = max([0.0, *time_left.values()])
 
     for node in nodes.values():
         own = {w for w in active if w[0] == node.host}
@@ -312,6 +405,7 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
     rows_done = sum(v.spec.rows for v in views if v.state == ShardState.DONE)
     bytes_rate = sum(rate for rate in active.values() if rate) or None
     rows_rate = sum(rate for rate in active_rows.values() if rate) or None
+    backups = _backups(views, current, backup_records or {}, starts, per_sec_per_byte, now)
     return JobMetrics(
         started_at=started_at,
         elapsed_secs=elapsed,
@@ -328,7 +422,89 @@ def job_metrics(views: list[ShardView], attempts: list[AttemptView], now: float)
         eta=_eta(views, max(0.0, remaining), bytes_rate, longest, bool(completed), bool(active), now),
         nodes=sorted(nodes.values(), key=lambda n: n.host),
         stragglers=stragglers,
+        backups=backups,
+        backup_counts=_backup_counts(backups),
     )
+
+
+def _backup_counts(backups: list[Backup]) -> BackupCounts:
+    states = Counter(backup.state for backup in backups)
+    return BackupCounts(
+        len(backups), states[BackupState.RUNNING], states[BackupState.WON], states[BackupState.LOST], states[BackupState.FAILED]
+    )
+
+
+def _end(attempt: AttemptView, now: float) -> float:
+    return attempt.ended_at if attempt.ended_at is not None else now
+
+
+def _backup_state(backup: AttemptView, completion: CompletionRecord | None) -> BackupState:
+    state = _BACKUP_STATE.get(backup.outcome, BackupState.FAILED)
+    if completion is None:
+        return state
+    if completion.attempt_id == backup.attempt_id:
+        return BackupState.WON
+    return BackupState.LOST if state in (BackupState.RUNNING, BackupState.WON) else state
+
+
+def _backups(
+    views: list[ShardView],
+    current: list[AttemptView],
+    records: dict[str, BackupRecord],
+    starts: dict[tuple[str, str], float],
+    per_sec_per_byte: float | None,
+    now: float,
+) -> list[Backup]:
+    """Every backup attempt of the current attempts, with how its race went (module docstring)."""
+    completions = {v.shard_id: v.completion for v in views if v.completion is not None}
+    by_id = {(a.shard_id, a.attempt_id): a for a in current}
+    found = []
+    for backup in current:
+        if backup.backup_of is None:
+            continue
+        original = by_id.get((backup.shard_id, backup.backup_of))
+        completion = completions.get(backup.shard_id)
+        state = _backup_state(backup, completion)
+        won = state == BackupState.WON
+        backup_secs = _worked_secs(backup, starts, _end(backup, now))
+        original_secs = factor = behind = saved = None
+        nondeterministic = False
+        if original is not None:
+            stop = _end(original, now)
+            if won and completion is not None:
+                stop = min(stop, completion.finished_at)
+            original_secs = _worked_secs(original, starts, stop)
+            typical = per_sec_per_byte * original.input_bytes if per_sec_per_byte else None
+            factor = original_secs / typical if typical else None
+            raced = not backup.promoted and original.outcome in _STILL_RACING
+            behind = original_secs - backup_secs if won and raced else None
+            loser = original if won else backup if state == BackupState.LOST else None
+            if loser is not None and loser.output_sha256 is not None and completion is not None:
+                nondeterministic = loser.output_sha256 != completion.output_sha256
+                if won:
+                    saved = _end(original, now) - _end(backup, now)
+        record = records.get(backup.attempt_id)
+        found.append(
+            Backup(
+                shard_id=backup.shard_id,
+                attempt_id=backup.attempt_id,
+                host=backup.host,
+                pid=backup.pid,
+                of_attempt_id=backup.backup_of,
+                of_host=original.host if original is not None else None,
+                started_at=backup.started_at,
+                reason=record.reason if record is not None else None,
+                state=state,
+                promoted=backup.promoted,
+                backup_secs=backup_secs,
+                original_secs=original_secs,
+                original_factor=factor,
+                behind_secs=behind,
+                saved_secs=saved,
+                nondeterministic=nondeterministic,
+            )
+        )
+    return found
 
 
 def _eta(

@@ -62,8 +62,18 @@ def render(status: Status) -> str:
     out.family("eta_seconds", "Estimated seconds to completion (absent when unknown).", [({}, m.eta.secs)])
     out.family("complete", "1 once the whole recipe is done (every segment and stage).", [({}, int(status.complete))])
     out.family("stragglers", "Running attempts flagged as stragglers.", [({}, len(m.stragglers))])
+    out.family("backups_started", "Backup attempts of straggling shards started.", [({}, m.backup_counts.started)])
+    out.family("backups_running", "Backup attempts running now.", [({}, m.backup_counts.running)])
+    out.family("backups_won", "Backup attempts that published their shard before the original.", [({}, m.backup_counts.won)])
     out.family(
-        "refused_nodes", "Nodes whose worker refused to claim (missing packages, version mismatch).", [({}, len(status.refusals))]
+        "backups_nondeterministic",
+        "Shards whose backup and original both finished with different outputs (the recipe is not deterministic).",
+        [({}, sum(backup.nondeterministic for backup in m.backups))],
+    )
+    out.family(
+        "refused_nodes",
+        "Nodes whose worker refused to claim (missing packages, version mismatch, node-local failures).",
+        [({}, len(status.refusals))],
     )
     out.family(
         "host_refused",

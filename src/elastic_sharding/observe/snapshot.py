@@ -24,6 +24,8 @@ from elastic_sharding.claims.protocol import read_claim
 from elastic_sharding.claims.shard_state import shard_state
 from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
 from elastic_sharding.records import (
+    AttemptRecord,
+    BackupRecord,
     ClaimRecord,
     CompletionRecord,
     FailureRecord,
@@ -87,11 +89,12 @@ def read_leniently(path: Path, cls: type[T]) -> T | None:
     return _lenient(lambda: fsops.read_record(path, lambda data: decode(cls, data, path), attempts=2))
 
 
-def node_refusals(layout: JobLayout) -> list[NodeRefusal]:
-    """The hosts whose worker refused to claim (`work.node_check`), by host."""
+def _records_in(directory: Path, cls: type[T]) -> list[T]:
+    """Every readable `*.json` record of a directory of create-once or replaced records, by name
+    (hidden temporary files, and records that are unreadable or planted as links, left out)."""
     try:
-        entries = confined.list_dir(layout.refusals)
-    except FileNotFoundError:
+        entries = confined.list_dir(directory)
+    except (FileNotFoundError, NotADirectoryError):
         return []
     except confined.LinkRefused as exc:
         log.warning("ignoring %s", exc)
@@ -99,10 +102,21 @@ def node_refusals(layout: JobLayout) -> list[NodeRefusal]:
     found = []
     for name, kind in sorted(entries.items()):
         if kind == "file" and name.endswith(".json") and not name.startswith("."):
-            refusal = read_leniently(layout.refusals / name, NodeRefusal)
-            if refusal is not None:
-                found.append(refusal)
-    return sorted(found, key=lambda r: r.host)
+            record = read_leniently(directory / name, cls)
+            if record is not None:
+                found.append(record)
+    return found
+
+
+def node_refusals(layout: JobLayout) -> list[NodeRefusal]:
+    """The hosts whose worker refused to claim (`work.node_check`, `work.node_health`), by host."""
+    return sorted(_records_in(layout.refusals, NodeRefusal), key=lambda r: r.host)
+
+
+def backup_records(layout: JobLayout) -> dict[str, BackupRecord]:
+    """The backup records of the recipe segment `layout` is of, by the backup attempt's id: what an
+    attempt record does not say about its backup (why it started, the claim it backs up)."""
+    return {record.attempt_id: record for record in _records_in(layout.backups_dir, BackupRecord)}
 
 
 def _claim(layout: JobLayout, shard_id: str) -> ClaimRecord | None:
@@ -178,10 +192,13 @@ class AttemptView:
     log: Path
     archive: str | None = None
     phase_secs: float | None = None  # in `phase` as of the last heartbeat, by the owner's own clock
-    counts_as_failure: bool = False  # against the shard's retry limit (lease.attempt_failure)
+    counts_as_failure: bool = False  # against the shard's retry limit (claims.history.attempt_failure)
     setup_secs: float = 0.0  # of it spent starting the node's runtime
     operators: list[OperatorStats] | None = None  # its warm runtime's operators (live while running)
     segment: int = 0  # the recipe segment it ran (`segments.py`); a shard has attempts in each
+    backup_of: str | None = None  # a backup attempt: the attempt it backs up (`claims.backups`)
+    promoted: bool = False  # a backup the claim was handed to (its original failed or was drained)
+    output_sha256: str | None = None  # of the output it collected, published or not
 
     @property
     def secs(self) -> float | None:
@@ -215,7 +232,7 @@ def _attempt_view(
     if record.status == AttemptStatus.FENCED or superseded:
         outcome = AttemptOutcome.SUPERSEDED
     elif record.status == AttemptStatus.RUNNING:
-        live = archive is None and current is not None and current.token == record.token and current.status == ClaimStatus.RUNNING
+        live = archive is None and _runs_under(record, current)
         outcome = AttemptOutcome.RUNNING if live and now - last_seen <= lock_timeout else AttemptOutcome.STALE
     running = outcome == AttemptOutcome.RUNNING
     ended_at = None if running else record.finished_at if record.finished_at is not None else last_seen
@@ -241,7 +258,20 @@ def _attempt_view(
         counts_as_failure=counts,
         setup_secs=record.setup_secs or 0.0,
         operators=(heartbeat.operators if running and heartbeat is not None else None) or record.operators,
+        backup_of=record.backup_of,
+        promoted=record.promoted,
+        output_sha256=record.output_sha256,
     )
+
+
+def _runs_under(record: AttemptRecord, current: ClaimRecord | None) -> bool:
+    """The shard's claim is this attempt's own and running, or (a backup) the claim it backs up,
+    whatever that claim's status: a backup stops only at its next heartbeat after the claim ended."""
+    if current is None:
+        return False
+    if current.token == record.token:
+        return current.status == ClaimStatus.RUNNING
+    return record.backup_of is not None and current.attempt_id == record.backup_of
 
 
 def _phase_secs(heartbeat: Heartbeat | None) -> float | None:

@@ -22,11 +22,21 @@ from elastic_sharding.claims.submission import generations
 from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.durations import format_duration
-from elastic_sharding.observe.metrics import STRAGGLER_FACTOR, Eta, Node, Running, WarmOperator, job_metrics
+from elastic_sharding.observe.metrics import (
+    STRAGGLER_FACTOR,
+    Backup,
+    BackupState,
+    Eta,
+    Node,
+    Running,
+    WarmOperator,
+    job_metrics,
+)
 from elastic_sharding.observe.snapshot import (
     AttemptView,
     ShardView,
     attempt_history,
+    backup_records,
     counts,
     job_snapshot,
     node_refusals,
@@ -48,6 +58,7 @@ from elastic_sharding.vocabulary import ShardState
 
 JSON_SCHEMA_VERSION = 3
 SEGMENT_OPS_SHOWN = 3  # operators named in the text's segment line
+BACKUP_LINES = 10  # backups the text lists (the non-deterministic ones first), the rest counted
 
 
 def _age(seconds: float | None) -> str:
@@ -89,7 +100,60 @@ def _running_json(item: Running) -> dict[str, Any]:
         "est_fraction": _round(item.est_fraction),
         "straggler": item.straggler,
         "factor": _round(item.factor, 2),
+        "backup_of": item.backup_of,
     }
+
+
+def _backup_json(backup: Backup) -> dict[str, Any]:
+    return {
+        "shard_id": backup.shard_id,
+        "attempt_id": backup.attempt_id,
+        "host": backup.host,
+        "pid": backup.pid,
+        "of_attempt_id": backup.of_attempt_id,
+        "of_host": backup.of_host,
+        "started_at": backup.started_at,
+        "reason": backup.reason,
+        "state": backup.state,
+        "promoted": backup.promoted,
+        "backup_secs": _round(backup.backup_secs, 1),
+        "original_secs": _round(backup.original_secs, 1),
+        "original_factor": _round(backup.original_factor, 2),
+        "behind_secs": _round(backup.behind_secs, 1),
+        "saved_secs": _round(backup.saved_secs, 1),
+        "nondeterministic": backup.nondeterministic,
+    }
+
+
+def _backup_text(backup: Backup) -> str:
+    """One backup attempt and how its race with the original went, as `status` shows it."""
+    text = f"{backup.shard_id}: backup on {backup.host}"
+    original = f"the original on {backup.of_host or '(unreadable)'}"
+    ran = ""
+    if backup.original_secs is not None:
+        factor = f" ({backup.original_factor:.1f}x the median)" if backup.original_factor is not None else ""
+        ran = f"{_age(backup.original_secs)}{factor}"
+    if backup.state == BackupState.WON:
+        text += f" won after {_age(backup.backup_secs)}"
+        if backup.promoted:
+            text += f" ({original} had ended: the claim was handed to the backup)"
+        elif ran:
+            text += f"; {original} had run {ran}"
+        if backup.behind_secs is not None:
+            text += f", {_age(backup.behind_secs)} behind"
+        if backup.saved_secs is not None:
+            text += f"; saved {_age(backup.saved_secs)} (the original finished too)"
+    elif backup.state == BackupState.LOST:
+        text += f" lost after {_age(backup.backup_secs)}: {original} published first" + (f", after {ran}" if ran else "")
+    elif backup.state == BackupState.RUNNING:
+        text += f" running for {_age(backup.backup_secs)}" + (f"; {original} has run {ran}" if ran else "")
+    else:
+        text += f" {backup.state} after {_age(backup.backup_secs)}"
+        if backup.state == BackupState.FAILED and not backup.promoted:
+            text += " (not counted against the shard's retries)"
+    if backup.nondeterministic:
+        text += "; NOT DETERMINISTIC: both attempts finished with different outputs (the published one is used)"
+    return text
 
 
 def _node_json(node: Node) -> dict[str, Any]:
@@ -194,9 +258,10 @@ class Status:
         self.manifest = self.known[current]
         if self.segment.has_ops:
             self.views, self.attempts = job_snapshot(self.layout, self.manifest, self.lock_timeout, self.at)
+            backups = backup_records(self.layout)
         else:
-            self.views, self.attempts = _done_views(self.manifest), []
-        self.metrics = job_metrics(self.views, self.attempts, self.at)
+            self.views, self.attempts, backups = _done_views(self.manifest), [], {}
+        self.metrics = job_metrics(self.views, self.attempts, self.at, backups)
         self.counts = counts(self.views)
         self.runs = generations(self.job_layout.root)
         self.refusals = node_refusals(self.job_layout)
@@ -324,7 +389,7 @@ class Status:
     def _log_of(self, view: ShardView) -> str | None:
         attempt_id = view.failure.last_attempt_id if view.failure is not None else None
         if attempt_id is None:
-            failed = [a for a in self.attempts if a.shard_id == view.shard_id and a.archive is None and a.error]
+            failed = [a for a in self.attempts if a.shard_id == view.shard_id and a.archive is None and a.counts_as_failure]
             attempt_id = failed[-1].attempt_id if failed else None
         return None if attempt_id is None else str(attempt_files(self.layout.attempt_dir(view.shard_id, attempt_id))["log"])
 
@@ -392,6 +457,8 @@ class Status:
             "eta": {"secs": _round(m.eta.secs, 1), "at": _round(m.eta.at, 1), "basis": m.eta.basis},
             "nodes": [_node_json(node) for node in m.nodes],
             "stragglers": [_running_json(item) for item in m.stragglers],
+            "backups": [_backup_json(backup) for backup in m.backups],
+            "backup_counts": dataclasses.asdict(m.backup_counts),
             "refused_nodes": [self._refusal_json(r) for r in self.refusals],
             "stale_claims": self.stale_claims(),
             "failures": self.failures(),
@@ -468,7 +535,8 @@ class Status:
         for node in self.metrics.nodes:
             rate = "-" if node.rows_per_sec is None else f"{node.rows_per_sec:,.1f}"
             running = ", ".join(
-                f"{r.shard_id} ({r.phase or 'running'}, {_age(r.age_secs)}{', STRAGGLER' if r.straggler else ''})"
+                f"{r.shard_id} ({r.phase or 'running'}, {_age(r.age_secs)}"
+                f"{', BACKUP' if r.backup_of else ''}{', STRAGGLER' if r.straggler else ''})"
                 for r in node.running
             )
             lines.append(
@@ -476,6 +544,20 @@ class Status:
             )
             lines.extend(f"  {'':<24}   warm op {warm_text(op)}" for op in node.warm_operators)
         return ["nodes:", *lines]
+
+    def _backup_lines(self) -> list[str]:
+        backups, counts = self.metrics.backups, self.metrics.backup_counts
+        if not backups:
+            return []
+        shown = sorted(backups, key=lambda b: (not b.nondeterministic, b.started_at))[:BACKUP_LINES]
+        lines = [
+            f"backups ({counts.started} started: {counts.running} running, {counts.won} won, {counts.lost} lost, "
+            f"{counts.failed} failed):",
+            *(f"  {_backup_text(backup)}" for backup in shown),
+        ]
+        if len(backups) > len(shown):
+            lines.append(f"  (+{len(backups) - len(shown)} more: status --json)")
+        return lines
 
     def _shard_lines(self, show_all: bool) -> list[str]:
         interesting = self.views if show_all else [v for v in self.views if v.state not in (ShardState.PENDING, ShardState.DONE)]
@@ -502,6 +584,7 @@ class Status:
                 f"  {r.shard_id} on {r.host} (pid {r.pid}): running {_age(r.age_secs)}, {r.factor or 0:.1f}x the typical time"
                 for r in self.metrics.stragglers
             ]
+        lines += self._backup_lines()
         for item in self.stale_claims():
             lines.append(
                 f"stale claim: {item['shard_id']} held by {item['host']} (pid {item['pid']}), "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from elastic_sharding.records.claims import (
     AttemptRecord,
+    BackupRecord,
     ClaimRecord,
     CompletionRecord,
     FailureRecord,
@@ -76,6 +77,7 @@ __all__ = [
     "ShardSpec",
     # claims
     "AttemptRecord",
+    "BackupRecord",
     "ClaimRecord",
     "CompletionRecord",
     "FailureRecord",

@@ -95,6 +95,11 @@ class AttemptRecord:
     exit_code: int | None = None
     setup_secs: float | None = None  # spent starting the node's runtime (a warm runner's first shard)
     operators: list[OperatorStats] | None = None  # the warm runtime's operators when it ended
+    # A backup attempt names the attempt it backs up; it becomes the claim's own attempt (and its
+    # failure counts) only once that owner handed the claim to it (`promoted`).
+    backup_of: str | None = None
+    promoted: bool = False
+    node_local: bool = False  # it failed for a reason of its node (runtime start-up, OOM, a dead runtime)
 
 
 @dataclass
@@ -124,6 +129,29 @@ class CompletionRecord:
     output_sha256: str
     started_at: float
     finished_at: float
+    # Seconds the shard had its worker's processing to itself (the publisher's clock; overlap
+    # with the worker's previous shard left out): what backups compare shards by.
+    processing_secs: float | None = None
+
+
+@dataclass
+class BackupRecord:
+    """A backup attempt of one running claim: `state/backups/<shard>.<claim token>.json`, published
+    create-once, so a claim gets at most one backup; never rewritten or removed while the job runs.
+
+    The backup runs the shard in its own attempt directory and may publish the shard's completion
+    while the claim it backs up (`of_token`) is still running, or once that claim was handed to it;
+    the completion being create-once, the first valid publish wins (docs/concepts/claims.md)."""
+
+    shard_id: str
+    token: str
+    attempt_id: str
+    host: str
+    pid: int
+    of_token: str
+    of_attempt_id: str
+    at: float
+    reason: str
 
 
 @dataclass

@@ -34,6 +34,9 @@ PATH_FIELDS = {
     "last_attempt_id": ("attempt id", ATTEMPT_ID_RE),
     "token": ("token", TOKEN_RE),
     "by_token": ("token", TOKEN_RE),
+    "of_token": ("token", TOKEN_RE),
+    "of_attempt_id": ("attempt id", ATTEMPT_ID_RE),
+    "backup_of": ("attempt id", ATTEMPT_ID_RE),
 }
 
 R = TypeVar("R")

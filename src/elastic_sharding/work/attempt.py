@@ -24,8 +24,9 @@ from typing import Any
 import yaml
 
 from elastic_sharding import confined, crashpoints, fsops
-from elastic_sharding.claims.heartbeat import HeartbeatThread
-from elastic_sharding.claims.history import count_failures
+from elastic_sharding.claims.backups import BackupPolicy
+from elastic_sharding.claims.heartbeat import OUTRUN, HeartbeatThread
+from elastic_sharding.claims.history import count_failures, read_attempt
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted, JobStateError
@@ -44,6 +45,7 @@ from elastic_sharding.settings import Settings
 from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus, Phase
 from elastic_sharding.work.collect import collect, remove_raw_output, remove_unused_output
 from elastic_sharding.work.lookahead import Lookahead
+from elastic_sharding.work.node_health import NodeHealth, avoid_secs, is_node_local
 from elastic_sharding.work.runners import AttemptContext, Runner
 
 log = logging.getLogger(__name__)
@@ -79,11 +81,14 @@ class AttemptSteps:
     host: str
     claims: Claims
     scanner: ShardScanner
+    backups: BackupPolicy
+    health: NodeHealth
     runner: Runner
     overlaps: bool
     completed: int
     current: AttemptContext | None
     last_rate: float | None
+    last_end: float | None  # when this worker's previous attempt ended (wall clock)
     stopping: str | None
     _raw_leftovers: set[Path]
 
@@ -121,6 +126,7 @@ class AttemptSteps:
             runner=self.runner.name,
             started_at=time.time(),
             input_rows=spec.rows,
+            backup_of=claim.backs_up.attempt_id if claim.backs_up is not None else None,
         )
         fsops.replace_atomic(files["record"], encode(record))
         ctx = AttemptContext(
@@ -138,7 +144,7 @@ class AttemptSteps:
             attempt_dir,
             self.settings.heartbeat_interval_secs,
             self.settings.lock_timeout_secs,
-            on_lost=lambda reason: ctx.stop(f"claim lost: {reason}"),
+            on_lost=lambda reason: ctx.stop(reason if reason.startswith(OUTRUN) else f"claim lost: {reason}"),
         )
         heartbeat.note(attempt_started_at=record.started_at)
         ctx.set_phase = heartbeat.set_phase
@@ -151,7 +157,7 @@ class AttemptSteps:
             return Staged(claim, spec, record, ctx, heartbeat)
         except AttemptFailed as exc:
             heartbeat.stop()
-            self._record_failure(claim, record, ctx, str(exc))
+            self._record_failure(claim, record, ctx, str(exc), node_local=is_node_local(exc))
             return None
         except Exception as exc:
             heartbeat.stop()
@@ -164,8 +170,9 @@ class AttemptSteps:
         self.current = ctx
         if self.stopping:
             ctx.stop(self.stopping)  # the stop arrived while this attempt was being staged
-        log.info("processing %s (%d rows) as attempt %s", claim.shard_id, spec.rows, claim.attempt_id)
-        lookahead = Lookahead(self, spec)
+        role = f"a backup of attempt {claim.backs_up.attempt_id}" if claim.backs_up is not None else "attempt"
+        log.info("processing %s (%d rows) as %s %s", claim.shard_id, spec.rows, role, claim.attempt_id)
+        lookahead = Lookahead(self, spec, lambda: heartbeat.phase)
         try:
             if ctx.stop_reason() is not None:
                 self._cancel_begun(ctx)
@@ -176,6 +183,7 @@ class AttemptSteps:
             self.runner.run(ctx)
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
+            processing_secs = self._processing_secs(heartbeat)
             ctx.set_phase(Phase.COLLECTING_OUTPUT, rows_done=spec.rows, bytes_done=spec.bytes)
             try:
                 stats = collect(ctx.ray_output, files["processed"], spec.first_row, spec.rows)
@@ -195,17 +203,31 @@ class AttemptSteps:
                 output_sha256=stats.sha256,
                 started_at=record.started_at,
                 finished_at=time.time(),
+                processing_secs=processing_secs,
             )
             record = replace(record, output_rows=stats.rows, output_bytes=stats.bytes, output_sha256=stats.sha256)
             crashpoints.reached("publishing")
             self._remove_raw(ctx.ray_output)
             if not self.claims.publish_completion(claim, completion):
+                winner = self.claims.lost_to(claim)
+                if winner is not None:
+                    ctx.stop(f"{OUTRUN}: attempt {winner.attempt_id} on {winner.host} published {claim.shard_id} first")
+                    raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
                 ctx.stop("claim lost before publishing")
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
             self._sweep_leftovers(claim.shard_id, published=claim.attempt_id)
             crashpoints.reached("published")
-            self.claims.finish(claim, ClaimStatus.DONE)
+            if not self.claims.finish(claim, ClaimStatus.DONE) and claim.backs_up is not None:
+                log.warning(
+                    "%s: the backup attempt %s won; attempt %s on host=%s stops at its next heartbeat",
+                    claim.shard_id,
+                    claim.attempt_id,
+                    claim.backs_up.attempt_id,
+                    claim.backs_up.host,
+                )
             self.completed += 1
+            self.health.succeeded()
+            self.backups.finished(claim.shard_id, processing_secs)
             self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
             record = replace(
                 record,
@@ -222,7 +244,7 @@ class AttemptSteps:
         except AttemptInterrupted as exc:
             self._record_failure(claim, record, ctx, f"interrupted: {exc}", handback=True)
         except AttemptFailed as exc:
-            self._record_failure(claim, record, ctx, str(exc))
+            self._record_failure(claim, record, ctx, str(exc), node_local=is_node_local(exc))
         except Exception as exc:
             # A problem on this side (disk full, a modified job recipe...) still ends the attempt
             # cleanly: recorded, claim handed back or failed, before the worker reports it.
@@ -231,7 +253,18 @@ class AttemptSteps:
         finally:
             heartbeat.stop()
             self.current = None
+            self.last_end = time.time()
             lookahead.finish()
+
+    def _processing_secs(self, heartbeat: HeartbeatThread) -> float | None:
+        """The time this shard had the worker's processing to itself: from when it began processing
+        or when the worker's previous attempt ended, whichever is later. A warm runtime processes a
+        claimed-ahead shard beside the current one, and the overlap must not count twice in the
+        median shard time that backups measure stragglers by."""
+        secs = heartbeat.phase_secs(Phase.PROCESSING)
+        if secs is None or self.last_end is None:
+            return secs
+        return min(secs, time.time() - self.last_end)
 
     def _check_input(self, ctx: AttemptContext, spec: ShardSpec) -> None:
         ctx.set_phase(Phase.VERIFYING_INPUT)
@@ -250,14 +283,33 @@ class AttemptSteps:
             self.runner.cancel(ctx)  # type: ignore[attr-defined]
 
     def _record_failure(
-        self, claim: Claim, record: AttemptRecord, ctx: AttemptContext, error: str, handback: bool = False
+        self,
+        claim: Claim,
+        record: AttemptRecord,
+        ctx: AttemptContext,
+        error: str,
+        handback: bool = False,
+        node_local: bool = False,
     ) -> None:
         files = attempt_files(ctx.attempt_dir)
-        lost = ctx.stop_reason() is not None and ctx.stop_reason().startswith("claim lost")
-        status = AttemptStatus.FENCED if lost else AttemptStatus.FAILED
-        if (self.stopping or handback) and not lost:
+        reason = ctx.stop_reason() or ""
+        beaten = reason.startswith(OUTRUN)
+        lost = reason.startswith("claim lost")
+        status = AttemptStatus.BEATEN if beaten else AttemptStatus.FENCED if lost else AttemptStatus.FAILED
+        if (self.stopping or handback) and not (lost or beaten):
             status = AttemptStatus.INTERRUPTED
-        record = replace(record, status=status, finished_at=time.time(), error=error, setup_secs=ctx.setup_secs or None)
+        node_local = node_local and status == AttemptStatus.FAILED
+        backup = claim.backs_up is not None
+        promoted = backup and self.claims.holds(claim)
+        record = replace(
+            record,
+            status=status,
+            finished_at=time.time(),
+            error=error,
+            setup_secs=ctx.setup_secs or None,
+            promoted=promoted,
+            node_local=node_local,
+        )
         try:
             fsops.replace_atomic(files["record"], encode(record))
         except OSError as exc:
@@ -265,11 +317,28 @@ class AttemptSteps:
         # The log and Data-Juicer's work_dir stay for debugging; the rows it exported do not.
         # A warm runtime may still be ending a cancelled attempt: removed again at the exit.
         self._remove_raw(ctx.ray_output, again_at_exit=self.overlaps)
+        if beaten:
+            self._after_beaten(claim, record)
+            return
+        if node_local:
+            self.health.failed(error)
+            self.scanner.avoid(claim.shard_id, avoid_secs(self.settings.poll_interval_secs))
         if lost:
             log.error("%s: %s; nothing was published", claim.shard_id, error)
             return
+        if backup and not promoted:
+            log.warning(
+                "%s: backup attempt %s ended (%s: %s); attempt %s goes on",
+                claim.shard_id,
+                claim.attempt_id,
+                status,
+                error,
+                claim.backs_up.attempt_id if claim.backs_up else "?",
+            )
+            return
         if status == AttemptStatus.INTERRUPTED:
-            self.claims.release(claim)
+            if not self._hand_to_backup(claim):
+                self.claims.release(claim)
             log.warning("%s: handed back (%s)", claim.shard_id, error)
             return
         failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
@@ -282,11 +351,69 @@ class AttemptSteps:
             error,
         )
         log.error("  log: %s", files["log"])
+        if self._hand_to_backup(claim):
+            return
         if failures > self.settings.max_retries:
             self.claims.mark_failed_terminal(claim, failures, last_attempt, error)
             self.scanner.mark_terminal(claim.shard_id, ClaimStatus.FAILED)
         else:
             self.claims.release(claim)
+
+    def _hand_to_backup(self, claim: Claim) -> bool:
+        """Hand a claim whose attempt ended without output to its backup attempt, if one runs:
+        the backup goes on as the claim's own attempt instead of the shard being claimed afresh."""
+        backup = self.claims.backup_of(claim)
+        if backup is None:
+            return False
+        try:
+            attempt = read_attempt(self.layout.existing_attempt_dir(claim.shard_id, backup.attempt_id))
+        except OSError:
+            attempt = None
+        if attempt is not None and attempt.status != AttemptStatus.RUNNING:
+            return False
+        if not self.claims.hand_to_backup(claim, backup):
+            return False
+        log.warning(
+            "%s: handed the claim to its backup attempt %s on host=%s pid=%s",
+            claim.shard_id,
+            backup.attempt_id,
+            backup.host,
+            backup.pid,
+        )
+        return True
+
+    def _after_beaten(self, claim: Claim, record: AttemptRecord) -> None:
+        """Another attempt of the shard published first: nothing of this one is used. The owner
+        of record marks the claim done; two finished outputs that differ are reported loudly."""
+        winner = self.claims.lost_to(claim)
+        remove_unused_output(attempt_files(self.layout.attempt_dir(claim.shard_id, claim.attempt_id))["processed"])
+        if self.claims.holds(claim):
+            self.claims.finish(claim, ClaimStatus.DONE)
+        self.scanner.mark_terminal(claim.shard_id, ClaimStatus.DONE)
+        if winner is None:
+            log.warning("%s: attempt %s stopped: another attempt published first", claim.shard_id, claim.attempt_id)
+            return
+        log.info(
+            "%s: attempt %s stopped: attempt %s on %s published first; nothing of this one is used",
+            claim.shard_id,
+            claim.attempt_id,
+            winner.attempt_id,
+            winner.host,
+        )
+        if record.output_sha256 is not None and record.output_sha256 != winner.output_sha256:
+            log.error(
+                "%s: NOT DETERMINISTIC: attempts %s and %s of the same shard produced different outputs "
+                "(sha256 %s, %d rows vs %s, %d rows); the published one (%s) is used. A recipe whose output "
+                "depends on the run breaks the guarantee that every run of the job gives the same bytes",
+                claim.shard_id,
+                winner.attempt_id,
+                claim.attempt_id,
+                winner.output_sha256,
+                winner.output_rows,
+                record.output_sha256,
+                record.output_rows or 0,
+                winner.attempt_id,
+            )
 
     # -- raw exports --------------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ never waits on a claim, an input check or a runtime's start between two shards.
 The expectation comes from this worker's last shard (bytes per second), so nothing is claimed
 ahead during the first shard, unless the runner overlaps attempts (the warm runner begins the
 next shard at once, so it is claimed at once); at most one shard is ever held ahead; the
-window is at most half a lease, and the queued claim is heartbeated like a running one. Near the
-end of the job (fewer unclaimed shards than busy workers) nothing is claimed ahead.
+window is at most half a lease, and the queued claim is heartbeated like a running one. Until the
+worker has finished a shard, nothing is claimed ahead before its runtime processes the first one.
+Near the end of the job (fewer unclaimed shards than busy workers) nothing is claimed ahead.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.records import Manifest, ShardSpec
+from elastic_sharding.vocabulary import Phase
 
 if TYPE_CHECKING:
     from elastic_sharding.claims.takeover import ShardScanner
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
     from elastic_sharding.work.worker import Worker, WorkerOptions
 
 log = logging.getLogger(__name__)
+
+PHASE_POLL_SECS = 0.2
 
 
 class Lookahead:
@@ -36,9 +41,10 @@ class Lookahead:
     window is at most half a lease, and the queued claim is heartbeated like a running one.
     """
 
-    def __init__(self, worker: Worker, spec: ShardSpec):
+    def __init__(self, worker: Worker, spec: ShardSpec, phase: Callable[[], str]):
         self.worker = worker
         self.spec = spec
+        self.phase = phase  # the current attempt's phase
         self.began = time.monotonic()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,6 +69,11 @@ class Lookahead:
     def _run(self, delay: float) -> None:
         if self._done.wait(delay):
             return
+        # Before its first shard is done a node may be one that cannot even start its runtime (a
+        # throttled or broken node): it holds one shard, not two, until its runtime processes.
+        while self.worker.completed == 0 and self.phase() != Phase.PROCESSING:
+            if self._done.wait(PHASE_POLL_SECS):
+                return
         try:
             self.worker.claim_ahead()
         except Exception:

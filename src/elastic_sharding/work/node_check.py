@@ -35,7 +35,7 @@ def check_node(layout: JobLayout, manifest: Manifest, allow_mismatch: bool) -> N
         check_packages(manifest, allow_mismatch)
     except (MissingPackagesError, VersionMismatchError) as exc:
         reason = Refusal.MISSING_PACKAGES if isinstance(exc, MissingPackagesError) else Refusal.VERSION_MISMATCH
-        _record(layout, NodeRefusal(host, os.getpid(), time.time(), reason, str(exc)))
+        record_refusal(layout, NodeRefusal(host, os.getpid(), time.time(), reason, str(exc)))
         raise
     with contextlib.suppress(FileNotFoundError):
         os.unlink(layout.refusal(host))
@@ -86,7 +86,8 @@ def check_packages(manifest: Manifest, allow_mismatch: bool) -> None:
         log.warning("%s; continuing because of %s", message, OVERRIDE)
 
 
-def _record(layout: JobLayout, refusal: NodeRefusal) -> None:
+def record_refusal(layout: JobLayout, refusal: NodeRefusal) -> None:
+    """Leave a refusal for `status`; a failure to write it is only logged (the worker refuses anyway)."""
     try:
         fsops.ensure_dir(layout.refusals)
         fsops.replace_atomic(layout.refusal(refusal.host), encode(refusal))

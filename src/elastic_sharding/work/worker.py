@@ -6,7 +6,9 @@ while it waits for the last ones: `work/stages.py`), then claims the shards of s
 on to the last segment.
 
 One attempt at a time is published; with the warm runner the next (claimed-ahead) attempt is
-already processing while the current one drains. Each attempt runs in an isolated
+already processing while the current one drains. A worker that finds nothing to claim may back
+up a straggling shard of another worker (`claims.backups`); a worker whose attempts keep failing
+for reasons of its node stops claiming (`node_health.py`). Each attempt runs in an isolated
 `attempts/<shard>/<attempt>/` directory; its output is published only after it was collected,
 validated and the claim re-checked. The loop is here; which shard to claim and when to take one
 over is `claims.takeover`, one attempt is `attempt.py`, claiming the next one early `lookahead.py`.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_sharding import confined, fsops
+from elastic_sharding.claims.backups import BackupPolicy
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, JobStateError
@@ -36,6 +39,7 @@ from elastic_sharding.signals import on_stop_signals
 from elastic_sharding.work.attempt import AttemptSteps, Staged
 from elastic_sharding.work.lookahead import ClaimAhead
 from elastic_sharding.work.node_check import check_node
+from elastic_sharding.work.node_health import NodeHealth
 from elastic_sharding.work.runners import DEFAULT_RUNNER, AttemptContext, NodeRuntime, Runner, get_runner
 from elastic_sharding.work.stages import StageWork
 
@@ -68,6 +72,8 @@ class Worker(AttemptSteps, ClaimAhead):
         self.options = options
         self.settings = with_overrides(self.job_manifest.request.settings, options)
         self.host = socket.gethostname()
+        self.health = NodeHealth(self.job_layout)
+        self.backups_started = 0
         self._enter_segment(self.segments[0], self.job_manifest)
         self.next_stage: StageWork | None = None
         self.runner = runner or get_runner(options.runner, self._node_runtime())
@@ -78,6 +84,7 @@ class Worker(AttemptSteps, ClaimAhead):
         self.current: AttemptContext | None = None
         self.staged: Staged | None = None
         self.last_rate: float | None = None
+        self.last_end: float | None = None
         self.stopping: str | None = None
         self._wake = threading.Event()
         # Raw exports of this worker's attempts that a runner might still have been writing when
@@ -108,6 +115,7 @@ class Worker(AttemptSteps, ClaimAhead):
         self.scanner = ShardScanner(
             self.layout, shard_ids, self.claims, self.settings.lock_timeout_secs, self.settings.max_retries, self._sweep_leftovers
         )
+        self.backups = BackupPolicy(self.claims, self.scanner, manifest, self.settings)
 
     # -- the segments ---------------------------------------------------------------------------
 
@@ -193,6 +201,9 @@ class Worker(AttemptSteps, ClaimAhead):
             if self.stopping:
                 log.warning("worker stopping: %s", self.stopping)
                 return EXIT_ERROR
+            if self.health.sick:
+                log.error("this worker stops claiming: %s", self.health.stop_claiming())
+                return EXIT_ERROR
             if self.staged is not None and not self.scanner.failed():
                 staged, self.staged = self.staged, None
                 self._execute(staged)
@@ -216,6 +227,11 @@ class Worker(AttemptSteps, ClaimAhead):
                 log.info("all %d shards%s are done; completed %d here", len(self.manifest.shards), where, self.completed)
                 return EXIT_OK
             if self.next_stage is not None and self.next_stage.help():
+                continue
+            backup = self.backups.pick()
+            if backup is not None:
+                self.backups_started += 1
+                self.process(backup)
                 continue
             self._wake.wait(self.settings.poll_interval_secs)
 

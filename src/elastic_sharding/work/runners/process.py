@@ -155,4 +155,5 @@ class ProcessRunner:
         if ctx.stop_reason() is not None:
             raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
         if code != 0:
-            raise AttemptFailed(f"dj-process exited with code {code}: {last_error_line(ctx.log_path)}")
+            # Killed by a signal (the kernel's OOM killer sends SIGKILL): the node, not the shard.
+            raise AttemptFailed(f"dj-process exited with code {code}: {last_error_line(ctx.log_path)}", node_local=code < 0)

@@ -102,7 +102,7 @@ class _Server:
             self.proc.stdin.write(orjson.dumps(request) + b"\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as exc:
-            raise AttemptFailed(f"warm runtime pid {self.pid} is gone: {exc}") from None
+            raise AttemptFailed(f"warm runtime pid {self.pid} is gone: {exc}", node_local=True) from None
 
     def next_event(self, timeout: float) -> dict[str, Any] | None:
         """The next event, None if none came within `timeout`; EOFError once the pipe closed."""
@@ -194,7 +194,9 @@ class WarmRunner:
                         self._server = server
                     return server
                 if event["event"] == "fatal":
-                    raise AttemptFailed(f"warm runtime failed to start: {event['error']} (log: {server.log_path})")
+                    raise AttemptFailed(
+                        f"warm runtime failed to start: {event['error']} (log: {server.log_path})", node_local=True
+                    )
         except BaseException:
             server.close(graceful=False)
             raise
@@ -215,17 +217,21 @@ class WarmRunner:
             except EOFError:
                 code = server.proc.wait()
                 raise AttemptFailed(
-                    f"warm runtime pid {server.pid} died (exit code {code}) while {doing}: {last_error_line(server.log_path)}"
+                    f"warm runtime pid {server.pid} died (exit code {code}) while {doing}: {last_error_line(server.log_path)}",
+                    node_local=True,
                 ) from None
             now = time.monotonic()
             if event is not None:
                 self._route(event)
                 return event
             if now > deadline:
-                raise AttemptFailed(f"warm runtime pid {server.pid} did not start within {STARTUP_TIMEOUT_SECS:.0f}s")
+                raise AttemptFailed(
+                    f"warm runtime pid {server.pid} did not start within {STARTUP_TIMEOUT_SECS:.0f}s", node_local=True
+                )
             if now - silent_since > self.runtime.hang_secs:
                 raise AttemptFailed(
-                    f"warm runtime pid {server.pid} sent no pulse for {now - silent_since:.0f}s while {doing}: hung"
+                    f"warm runtime pid {server.pid} sent no pulse for {now - silent_since:.0f}s while {doing}: hung",
+                    node_local=True,
                 )
 
     def _route(self, event: dict[str, Any]) -> None:
