@@ -235,19 +235,37 @@ def test_both_finish_at_once_exactly_one_completion(make_job, tmp_path, caplog, 
     assert ("NOT DETERMINISTIC" in caplog.text) is (not same_output)
 
 
-def test_a_node_that_keeps_failing_for_its_own_reasons_stops_claiming(make_job, tmp_path):
-    """Its two node-local failures hit two different shards (it leaves a failed one to others),
-    it stops claiming with a refusal status shows, and a healthy worker finishes the job."""
-    job = make_job(rows=40, shards=4, **{**BACKUPS, "max_retries": 1})
+def _on_host(monkeypatch, host: str, job: Path, runner: FakeRunner, **options) -> int:
+    with monkeypatch.context() as patch:
+        patch.setattr("socket.gethostname", lambda: host)
+        return Worker(job, WorkerOptions(**options), runner=runner).run()
+
+
+def test_a_node_that_keeps_failing_for_its_own_reasons_stops_claiming(make_job, monkeypatch):
+    """Once another node took part in the job: its two node-local failures hit two different
+    shards (it leaves a failed one to others), it stops claiming with a refusal status shows, and
+    a healthy worker finishes the job."""
+    job = make_job(rows=50, shards=5, **{**BACKUPS, "max_retries": 1})
+    assert _on_host(monkeypatch, "healthy-node", job, FakeRunner(), max_shards=1) == 0
     sick = Worker(job, WorkerOptions(), runner=FakeRunner(fail=lambda shard: True, node_local=True))
     assert sick.run() == 2
-    failed = [a for shard in (job / "attempts").iterdir() for a in _attempts(job, shard.name)]
+    failed = [a for shard in (job / "attempts").iterdir() for a in _attempts(job, shard.name) if a["status"] != "succeeded"]
     assert len(failed) == 2 and len({a["shard_id"] for a in failed}) == 2
     assert all(a["status"] == "failed" and a["node_local"] for a in failed)
     refusal = json.loads(next((job / "refusals").glob("*.json")).read_text())
     assert refusal["reason"] == "node-local failures" and "stops claiming" in refusal["message"]
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
     assert not list((job / "refusals").glob("*.json"))
+
+
+def test_a_worker_alone_in_its_job_goes_on_after_node_local_failures(make_job):
+    """Nobody else would take the shards: it retries (as before), and a passing fault lets the job end."""
+    job = make_job(rows=40, shards=4, **{**BACKUPS, "max_retries": 3})
+    broken = {"part-00000-of-00004", "part-00001-of-00004", "part-00002-of-00004"}
+    runner = FakeRunner(fail=lambda shard: shard in broken and not broken.discard(shard), node_local=True)
+    assert Worker(job, WorkerOptions(), runner=runner).run() == 0
+    assert not list(job.glob("refusals/*.json"))
+    assert runner.calls.count("part-00000-of-00004") == 2
 
 
 def test_a_failure_of_the_shard_is_retried_by_the_same_node(make_job):

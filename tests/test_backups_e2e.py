@@ -10,7 +10,18 @@ import json
 import time
 
 import pytest
-from support.e2e_support import SHARD_JOB, needs_unshare, prepare_demo, shard_job, start_node, wait_all
+import yaml
+from support.e2e_support import (
+    DEMO_DATA,
+    DEMO_RECIPE,
+    REPO,
+    SHARD_JOB,
+    needs_unshare,
+    prepare_job,
+    shard_job,
+    start_node,
+    wait_all,
+)
 from support.throttle import CpuThrottle, cgroup_throttle_available
 
 pytestmark = [
@@ -19,6 +30,7 @@ pytestmark = [
 ]
 
 NODES = ("node-a", "node-b")
+BENCH_OPS = REPO / "bench" / "ops" / "bench_ops"
 SHARDS = 8
 LAST = f"part-{SHARDS - 1:05d}-of-{SHARDS:05d}"
 
@@ -30,10 +42,21 @@ def _await(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _spinning_demo(path):
+    """The demo recipe plus an operator that burns 40 ms of CPU per row and changes nothing (so
+    the output is the demo's): a shard takes long enough to be throttled mid-shard."""
+    config = yaml.safe_load(DEMO_RECIPE.read_text())
+    config["dataset_path"] = str(DEMO_DATA)
+    config["custom_operator_paths"] = [str(BENCH_OPS)]
+    config["process"].append({"bench_spin_mapper": {"ms_per_row": 40}})
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def test_a_throttled_node_is_backed_up_and_the_backup_wins(tmp_path, demo_baseline):
     job = tmp_path / "job"
-    prepare_demo(
-        job, "--num-shards", str(SHARDS), "--lock-timeout-secs", "600", "--heartbeat-interval-secs", "1",
+    prepare_job(
+        _spinning_demo(tmp_path / "recipe.yaml"), job, "--num-shards", str(SHARDS), "--lock-timeout-secs", "600", "--heartbeat-interval-secs", "1",
         "--poll-interval-secs", "0.5", "--ray-num-cpus", "1", "--backup-after", "1.5", "--backup-min-secs", "3",
     )  # fmt: skip
     nodes = {

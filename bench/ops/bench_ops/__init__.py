@@ -1,4 +1,4 @@
-"""Custom Data-Juicer operator for the heterogeneous-nodes benchmark.
+"""Custom Data-Juicer operators for the benchmarks and the tests that need a known cost per row.
 
 A worker's "node speed" is simulated by sleeping per row: the sleep is `ms_per_row` times the
 factor in the environment variable `ELASTIC_BENCH_SLOWDOWN` of the worker that runs the op.
@@ -32,6 +32,24 @@ class BenchSleepMapper(Mapper):
         # inherit the environment of the worker process that started their node-local runtime.
         factor = float(os.environ.get(SLOWDOWN_ENV, "1"))
         time.sleep(self.ms_per_row * factor / 1000.0)
+        return sample
+
+
+@OPERATORS.register_module("bench_spin_mapper")
+class BenchSpinMapper(Mapper):
+    """Leaves every row unchanged after burning `ms_per_row` ms of CPU on it: work that a CPU
+    throttle (a noisy neighbour, cgroup quotas) slows down, unlike sleeping."""
+
+    def __init__(self, ms_per_row: float = 10.0, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ms_per_row = float(ms_per_row)
+
+    def process_single(self, sample):
+        spent = 0.0
+        while spent < self.ms_per_row / 1000.0:
+            began = time.process_time()
+            sum(i * i for i in range(2000))
+            spent += time.process_time() - began
         return sample
 
 

@@ -19,7 +19,8 @@ the first of the two attempts to publish wins (docs/concepts/claims.md, "Backup 
   has done known, LATE's estimate (elapsed / progress - elapsed); otherwise (Ray does not report
   rows mid-shard) the one furthest past its expected time, relative to it.
 - A worker whose own recent shards took over SLOW_WORKER_FACTOR x the median per byte does not
-  back up others (it would be no faster); one that has finished none yet may.
+  back up others (it would be no faster); one that has finished none yet may. Its first shard
+  does not count: it was slow to process anyway (Ray starts its worker processes on first use).
 - At most max(1, floor(`backup_share` x live workers)) backup attempts run at once; the live
   workers are the owners of the running claims this worker saw, their backups, and itself.
 """
@@ -85,6 +86,7 @@ class BackupPolicy:
         self._per_byte: dict[str, float] = {}  # done shard -> its processing seconds per byte
         self._unreadable: set[str] = set()
         self.own: deque[float] = deque(maxlen=RECENT)  # this worker's seconds per byte, newest last
+        self._finished_one = False
         self._observer = StalenessObserver(settings.lock_timeout_secs)
 
     @property
@@ -96,8 +98,10 @@ class BackupPolicy:
         spec = self.specs.get(shard_id)
         if processing_secs is None or spec is None or spec.bytes <= 0:
             return
+        if self._finished_one:
+            self.own.append(processing_secs / spec.bytes)
+        self._finished_one = True
         self._per_byte[shard_id] = processing_secs / spec.bytes
-        self.own.append(processing_secs / spec.bytes)
 
     def median_per_byte(self) -> float | None:
         """The median processing seconds per byte of completed shards (a sample of at most SAMPLE)."""

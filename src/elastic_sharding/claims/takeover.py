@@ -79,6 +79,7 @@ class ShardScanner:
         # process has seen that heartbeat unchanged (on its own clock): what backups judge.
         self.running: dict[str, tuple[ClaimRecord, Heartbeat | None, float]] = {}
         self._avoid: dict[str, float] = {}  # shard -> until when (monotonic) this worker leaves it to others
+        self.other_hosts: set[str] = set()  # hosts other than this one whose claims a pass has read
 
     def avoid(self, shard_id: str, secs: float) -> None:
         """Leave a shard to the other workers for `secs` (this node failed it for a reason of its own)."""
@@ -124,6 +125,8 @@ class ShardScanner:
             except ValueError as exc:
                 log.warning("unreadable claim of %s (%s); skipping it this round", shard_id, exc)
                 continue
+            if record is not None and record.host != self.claims.host:
+                self.other_hosts.add(record.host)
             if record is not None and record.status != ClaimStatus.RUNNING:
                 self.mark_terminal(shard_id, record.status)
                 self.observer.forget(shard_id)

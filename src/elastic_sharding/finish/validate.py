@@ -75,8 +75,9 @@ def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> l
 
 
 def _kept_as_completion(kept: KeptShard) -> CompletionRecord:
-    """A keep unit's result read as the completion of a last segment without operators."""
-    fields = {f.name: getattr(kept, f.name) for f in dataclasses.fields(CompletionRecord)}
+    """A keep unit's result read as the completion of a last segment without operators (what a
+    keep has no counterpart for, the processing time, keeps its default)."""
+    fields = {f.name: getattr(kept, f.name) for f in dataclasses.fields(CompletionRecord) if hasattr(kept, f.name)}
     return CompletionRecord(**fields)
 
 

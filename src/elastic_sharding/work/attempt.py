@@ -217,7 +217,8 @@ class AttemptSteps:
                 raise AttemptFailed("claim lost before publishing: this attempt's output is not used")
             self._sweep_leftovers(claim.shard_id, published=claim.attempt_id)
             crashpoints.reached("published")
-            if not self.claims.finish(claim, ClaimStatus.DONE) and claim.backs_up is not None:
+            holds = self.claims.finish(claim, ClaimStatus.DONE)
+            if not holds and claim.backs_up is not None:
                 log.warning(
                     "%s: the backup attempt %s won; attempt %s on host=%s stops at its next heartbeat",
                     claim.shard_id,
@@ -236,6 +237,7 @@ class AttemptSteps:
                 exit_code=0,
                 setup_secs=ctx.setup_secs or None,
                 operators=operator_stats(ctx.operators),
+                promoted=holds and claim.backs_up is not None,
             )
             fsops.replace_atomic(files["record"], encode(record))
             log.info(
@@ -299,8 +301,8 @@ class AttemptSteps:
         if (self.stopping or handback) and not (lost or beaten):
             status = AttemptStatus.INTERRUPTED
         node_local = node_local and status == AttemptStatus.FAILED
-        backup = claim.backs_up is not None
-        promoted = backup and self.claims.holds(claim)
+        backs_up = claim.backs_up
+        promoted = backs_up is not None and self.claims.holds(claim)
         record = replace(
             record,
             status=status,
@@ -318,22 +320,23 @@ class AttemptSteps:
         # A warm runtime may still be ending a cancelled attempt: removed again at the exit.
         self._remove_raw(ctx.ray_output, again_at_exit=self.overlaps)
         if beaten:
-            self._after_beaten(claim, record)
+            self._after_beaten(claim, record, files["processed"])
             return
         if node_local:
             self.health.failed(error)
-            self.scanner.avoid(claim.shard_id, avoid_secs(self.settings.poll_interval_secs))
+            if self.scanner.other_hosts:  # alone in the job, nobody else would take it
+                self.scanner.avoid(claim.shard_id, avoid_secs(self.settings.poll_interval_secs))
         if lost:
             log.error("%s: %s; nothing was published", claim.shard_id, error)
             return
-        if backup and not promoted:
+        if backs_up is not None and not promoted:
             log.warning(
                 "%s: backup attempt %s ended (%s: %s); attempt %s goes on",
                 claim.shard_id,
                 claim.attempt_id,
                 status,
                 error,
-                claim.backs_up.attempt_id if claim.backs_up else "?",
+                backs_up.attempt_id,
             )
             return
         if status == AttemptStatus.INTERRUPTED:
@@ -382,11 +385,11 @@ class AttemptSteps:
         )
         return True
 
-    def _after_beaten(self, claim: Claim, record: AttemptRecord) -> None:
+    def _after_beaten(self, claim: Claim, record: AttemptRecord, processed: Path) -> None:
         """Another attempt of the shard published first: nothing of this one is used. The owner
         of record marks the claim done; two finished outputs that differ are reported loudly."""
         winner = self.claims.lost_to(claim)
-        remove_unused_output(attempt_files(self.layout.attempt_dir(claim.shard_id, claim.attempt_id))["processed"])
+        remove_unused_output(processed)
         if self.claims.holds(claim):
             self.claims.finish(claim, ClaimStatus.DONE)
         self.scanner.mark_terminal(claim.shard_id, ClaimStatus.DONE)

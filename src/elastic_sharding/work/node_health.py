@@ -2,11 +2,13 @@
 
 An attempt fails *node-locally* when its runner says so (the runtime did not start, died or hung;
 a child killed by a signal) or when Data-Juicer's error is one of Ray's failures of the node
-(out of memory, a dead worker or actor, a full object store). After such a failure the worker
-leaves that shard to another node for a while (`AVOID_SECS`), and once NODE_FAILURE_LIMIT
-attempts in a row failed node-locally it stops claiming: it records why in
+(out of memory, a dead worker or actor, a full object store). Once another node has claimed
+shards of the job, such a failure makes the worker leave that shard to the others for a while
+(`avoid_secs`), and NODE_FAILURE_LIMIT of them in a row make it stop claiming: it records why in
 `refusals/<host>.json` (shown by `status`) and exits, instead of failing one shard after another
-on a node that cannot run any (docs/concepts/claims.md, "A node that keeps failing").
+on a node that cannot run any while healthy nodes wait. A worker alone in its job goes on:
+stepping aside would only stall the job, and its failures may be passing
+(docs/concepts/claims-and-guarantees.md, "A node keeps failing for reasons of its own").
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ class Worker(AttemptSteps, ClaimAhead):
             if self.stopping:
                 log.warning("worker stopping: %s", self.stopping)
                 return EXIT_ERROR
-            if self.health.sick:
+            if self.health.sick and self.scanner.other_hosts:
                 log.error("this worker stops claiming: %s", self.health.stop_claiming())
                 return EXIT_ERROR
             if self.staged is not None and not self.scanner.failed():
