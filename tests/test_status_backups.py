@@ -278,7 +278,8 @@ def test_report_draws_backups_as_backups_and_tables_them(job, tmp_path):
     backups = [bar for bar in bars if 'data-kind="backup"' in bar]
     assert len(backups) == 6 == page.count('<rect class="backup-mark"') == page.count('<path class="handoff backup"')
     beaten = [bar for bar in bars if 'data-outcome="beaten"' in bar]
-    assert len(beaten) == 3 and all(' fill="#' in bar for bar in beaten), "beaten has a colour of its own"
+    assert len(beaten) == 3 and all("outcome-beaten" in bar for bar in beaten)
+    assert ".outcome-beaten{fill:" in page and ".sw-beaten{" in page, "beaten has a colour of its own"
     assert "beaten (3)" in page and "backup attempt of a straggler (6)" in page
     assert "(backup of attempt " in page and "another attempt of the shard published first" in page
     table = page.split("<h2>Backups</h2>", 1)[1].split("</section>", 1)[0]

@@ -224,7 +224,7 @@ def test_a_backup_is_drawn_as_one_with_an_arrow_from_its_original_and_the_claims
     x = {key: float(re.search(r' x="([\d.]+)"', bar).group(1)) for key, bar in bars.items()}
     assert sorted(kind for kind, _ in links) == ["backup", "backup", "retry"]
     assert float(next(start for kind, start in links if kind == "backup")) == pytest.approx(x["bk"], abs=0.1)
-    assert ' fill="#' in bars["orig"] and "beaten (1)" in page and "backup attempt of a straggler (2)" in page
+    assert "outcome-beaten" in bars["orig"] and "beaten (1)" in page and "backup attempt of a straggler (2)" in page
     assert "(backup of attempt orig)" in page and "(retry of an earlier attempt)" in page
 
 

@@ -28,10 +28,6 @@ MAX_TICKS = 10
 LANE_LABEL_CHARS = 21
 TITLE_ERROR_CHARS = 400
 TAKEOVER, RETRY, BACKUP = "takeover", "retry", "backup"
-# Fills, swatches and strokes the stylesheet (assets/report.css) does not have, as presentation attributes.
-OUTCOME_FILL = {AttemptOutcome.BEATEN: "#6e7781"}
-BACKUP_STROKE = "#24292f"
-BACKUP_LINK = "#8250df"
 # Unit bars: a done unit in its phase's colour, a held one striped, a stale one hatched like an attempt.
 PHASE_COLOURS = {"keys": "#8250df", "buckets": "#bf3989", "components": "#1b7c83", "keep": "#9a6700"}
 UNIT_FILL = {"held": "url(#unit-held)", "stale": "url(#stale-hatch)", "failed": "#cf222e"}
@@ -281,10 +277,9 @@ def _bar_svg(bar: _Bar, start: float, now: float) -> str:
     view = bar.view
     outcome = view.outcome if view.outcome in OUTCOMES else AttemptOutcome.FAILED
     kind = f' data-kind="{bar.kind}"' if bar.kind else ""
-    fill = f' fill="{OUTCOME_FILL[outcome]}"' if outcome in OUTCOME_FILL else ""
     return (
         f'<rect class="attempt outcome-{outcome}" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{bar.x1 - bar.x0:.1f}" '
-        f'height="{ROW_H}" rx="3"{fill} data-shard="{esc(view.shard_id)}" data-attempt="{esc(view.attempt_id)}" '
+        f'height="{ROW_H}" rx="3" data-shard="{esc(view.shard_id)}" data-attempt="{esc(view.attempt_id)}" '
         f'data-host="{esc(view.host)}" data-outcome="{esc(outcome)}" data-segment="{view.segment}"{kind}>'
         f"<title>{esc(_bar_title(bar, start, now))}</title></rect>{_setup_svg(bar)}{_backup_svg(bar)}{_bar_label(bar)}"
     )
@@ -296,8 +291,7 @@ def _backup_svg(bar: _Bar) -> str:
         return ""
     return (
         f'<rect class="backup-mark" x="{bar.x0 + 0.75:.1f}" y="{bar.y + 0.75:.1f}" width="{max(bar.x1 - bar.x0 - 1.5, 0.5):.1f}" '
-        f'height="{ROW_H - 1.5}" rx="3" fill="none" stroke="{BACKUP_STROKE}" stroke-width="1.5" stroke-dasharray="4 2" '
-        'pointer-events="none"/>'
+        f'height="{ROW_H - 1.5}" rx="3"/>'
     )
 
 
@@ -352,7 +346,7 @@ def _handoff_svg(before: _Bar, after: _Bar) -> str:
         y2 += -ROW_H / 2 if y2 > y1 else ROW_H / 2
         return (
             f'<path class="handoff backup" data-shard="{esc(after.view.shard_id)}" d="M{x:.1f},{y1:.1f} L{x:.1f},{y2:.1f}" '
-            f'style="stroke:{BACKUP_LINK};stroke-dasharray:1.5 2.5" marker-end="url(#arrow-backup)"/>'
+            'marker-end="url(#arrow-backup)"/>'
         )
     x1, y1, x2, y2 = before.x1, before.mid_y, after.x0, after.mid_y
     bend = max(18.0, abs(x2 - x1) / 2)
@@ -413,7 +407,7 @@ SVG_DEFS = f"""<defs>
 <marker id="arrow-takeover" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
 <path d="M0,0 L8,4 L0,8 z" fill="#bc4c00"/></marker>
 <marker id="arrow-backup" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" orient="auto">
-<path d="M0,0 L8,4 L0,8 z" fill="{BACKUP_LINK}"/></marker>
+<path d="M0,0 L8,4 L0,8 z" fill="#8250df"/></marker>
 </defs>"""
 
 
@@ -459,8 +453,8 @@ def legend(attempts: list[AttemptView], units: list[UnitView] | None = None) -> 
     backups = sum(view.backup_of is not None for view in attempts)
     if backups:
         items.append(
-            f'<span><i class="swatch" style="border:1.5px dashed {BACKUP_STROKE}"></i>backup attempt of a straggler '
-            f'({backups})</span><span><i class="sw-line" style="border-top:2px dotted {BACKUP_LINK}"></i>backup started</span>'
+            f'<span><i class="swatch sw-backup"></i>backup attempt of a straggler ({backups})</span>'
+            '<span><i class="sw-line backup"></i>backup started</span>'
         )
     if units:
         phases = [phase for phase in PHASES if any(unit.phase == phase for unit in units)]
@@ -475,8 +469,6 @@ def legend(attempts: list[AttemptView], units: list[UnitView] | None = None) -> 
 
 
 def _swatch(outcome: str) -> str:
-    if outcome in OUTCOME_FILL:
-        return f'<i class="swatch" style="background:{OUTCOME_FILL[outcome]}"></i>'
     return f'<i class="swatch sw-{outcome}"></i>'
 
 
