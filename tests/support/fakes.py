@@ -61,17 +61,21 @@ class FakeRunner:
         ctx.set_phase("processing")
         if self.ready is not None:
             self.ready.touch()
-        # The delay is work done in steps, not a deadline: a process that is stopped part of the
-        # time (a straggler's duty cycle) takes proportionally longer, as real processing would.
+        # The delay is work done in short steps, not a deadline: time in which the process was
+        # stopped (a straggler's duty cycle) does not count, as real processing would not advance;
+        # a step that merely overslept on a loaded box counts whole, so the delay stays the delay.
         delay = self.shard_delays.get(ctx.shard_id, self.delay)
-        steps = round(delay / STEP_SECS)
-        for step in range(steps):
+        done, halfway = 0.0, False
+        while done < delay:
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
-            if step == steps // 2:
+            if not halfway and done >= delay / 2:
+                halfway = True
                 crashpoints.reached("processing")
-            time.sleep(STEP_SECS)
-        if steps == 0:
+            began = time.monotonic()
+            time.sleep(min(STEP_SECS, delay - done))
+            done += min(time.monotonic() - began, 2 * STEP_SECS)
+        if not halfway:
             crashpoints.reached("processing")
         if self.fail(ctx.shard_id):
             ctx.log_path.write_text("ValueError: fake operator failure\n")

@@ -389,7 +389,7 @@ def _lane_svg(lane: _Lane, index: int) -> list[str]:
     ]
 
 
-SVG_DEFS = f"""<defs>
+SVG_DEFS = """<defs>
 <pattern id="stale-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
 <rect width="6" height="6" fill="#e1e4e8"/><rect width="2.5" height="6" fill="#8c959f"/></pattern>
 <pattern id="running-stripes" width="12" height="12" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
