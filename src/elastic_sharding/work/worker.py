@@ -73,7 +73,6 @@ class Worker(AttemptSteps, ClaimAhead):
         self.settings = with_overrides(self.job_manifest.request.settings, options)
         self.host = socket.gethostname()
         self.health = NodeHealth(self.job_layout)
-        self.backups_started = 0
         self._enter_segment(self.segments[0], self.job_manifest)
         self.next_stage: StageWork | None = None
         self.runner = runner or get_runner(options.runner, self._node_runtime())
@@ -230,7 +229,6 @@ class Worker(AttemptSteps, ClaimAhead):
                 continue
             backup = self.backups.pick()
             if backup is not None:
-                self.backups_started += 1
                 self.process(backup)
                 continue
             self._wake.wait(self.settings.poll_interval_secs)
