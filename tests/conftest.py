@@ -117,6 +117,16 @@ def gluster():
 
 
 @pytest.fixture
+def slurm():
+    """`slurm(nodes=3, cpus=2, mode="strict")` -> a started Slurm (tests/support/slurm.py) on a new GlusterFS test
+    cluster, both torn down at test end. Skips where unavailable, fails there with ELASTIC_SHARD_REQUIRE_CLUSTER=1."""
+    from support.slurm import slurm_factory
+
+    with slurm_factory() as make:
+        yield make
+
+
+@pytest.fixture
 def rclone_mount(tmp_path: Path):
     """A FUSE filesystem without hard links: `rclone mount` of a local directory with a write
     cache, the way clusters mount object storage (OSS, S3) on every node; unmounted at the end.

@@ -13,6 +13,7 @@ import pytest
 from support.dedup_corpus import prose_rows
 from support.dj_default_run import dj_default_rows
 from support.e2e_support import needs_unshare, run_on_nodes
+from support.exhaustive import exhaustive_only
 
 pytestmark = [pytest.mark.e2e, needs_unshare]
 
@@ -87,7 +88,7 @@ def run_job(tmp_path, corpus, recipe_text: str, shards: int, workers: int) -> tu
     return run_on_nodes(tmp_path, recipe, corpus, shards, workers, name="dedup-node")
 
 
-@pytest.mark.parametrize(("shards", "workers"), [(3, 1), (8, 3)])
+@pytest.mark.parametrize(("shards", "workers"), [pytest.param(3, 1, marks=exhaustive_only), (8, 3)])
 def test_exact_first_simhash_last_keeps_the_rows_data_juicer_keeps(tmp_path, corpus, reference, shards, workers):
     expected = reference("exact-then-simhash", EXACT_THEN_SIMHASH)
     assert ROWS * 0.75 < len(expected) < ROWS * 0.97, "the corpus must have duplicates for both deduplicators to drop"
@@ -102,7 +103,7 @@ def test_exact_first_simhash_last_keeps_the_rows_data_juicer_keeps(tmp_path, cor
     assert not (job / "stages" / "2" / "attempts").exists()
 
 
-@pytest.mark.parametrize(("shards", "workers"), [(3, 3), (8, 1)])
+@pytest.mark.parametrize(("shards", "workers"), [(3, 3), pytest.param(8, 1, marks=exhaustive_only)])
 def test_minhash_between_two_filters_keeps_the_rows_data_juicer_keeps(tmp_path, corpus, reference, shards, workers):
     expected = reference("minhash", MINHASH)
     assert len(expected) < ROWS * 0.97

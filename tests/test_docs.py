@@ -27,12 +27,20 @@ DOCS = REPO / "docs"
 ZH = DOCS / "zh"
 GENERATED = DOCS / "reference" / "cli.md"
 
-# Flags of other programs that the docs mention (mpirun, srun, unshare, ray start, rsync,
+# Flags of other programs that the docs mention (mpirun, srun, sbatch, unshare, ray start, rsync,
 # node-exporter's --collector.textfile.directory and dj-process's --executor_type, which the
 # pattern below reads up to the dot or the underscore).
 FOREIGN_FLAGS = {
     "--allow-run-as-root",
     "--ntasks-per-node",
+    "--ntasks",  # srun and sbatch, in the Slurm guide's batch script
+    "--cpu-bind",
+    "--kill-on-bad-exit",
+    "--exclusive",
+    "--signal",
+    "--open-mode",
+    "--parsable",
+    "--constraint",
     "--mca",
     "--uts",
     "--head",

@@ -15,9 +15,10 @@ from support.e2e_support import needs_unshare
 from support.fake_worker import launch_command
 from support.jobs import sample_rows, write_jsonl
 
-from elastic_sharding.claims.submission import Generation, coordination_root, resolve_run_id
+from elastic_sharding.claims.submission import Generation, coordination_root
 from elastic_sharding.errors import UsageError
 from elastic_sharding.launch.dlc import strict_claim_cap
+from elastic_sharding.launch.scheduler import detect, resolve_run_id
 from elastic_sharding.launch.two_node import with_two_node_defaults
 from elastic_sharding.observe.status import Status
 from elastic_sharding.records import Outcome, PhaseLock, decode, encode
@@ -47,15 +48,18 @@ def test_strict_mode_needs_nodes_and_elastic_mode_has_no_cap():
 
 
 def test_run_id_comes_from_the_flag_then_the_scheduler_environment():
+    def run_id(explicit, env):
+        return resolve_run_id(explicit, detect(env, hostname="h"))
+
     env = {"PAI_JOB_ID": "pai", "DLC_JOB_ID": "dlc", "JOB_ID": "job"}
-    assert resolve_run_id("mine", env) == "mine"
-    assert resolve_run_id(None, env) == "pai"
-    assert resolve_run_id(None, {"DLC_JOB_ID": "dlc", "JOB_ID": "job"}) == "dlc"
-    assert resolve_run_id(None, {"JOB_ID": "job"}) == "job"
+    assert run_id("mine", env) == "mine"
+    assert run_id(None, env) == "pai"
+    assert run_id(None, {"DLC_JOB_ID": "dlc", "JOB_ID": "job"}) == "dlc"
+    assert run_id(None, {"JOB_ID": "job"}) == "job"
     with pytest.raises(UsageError, match="pass --run-id"):
-        resolve_run_id(None, {})
+        run_id(None, {})
     with pytest.raises(UsageError, match="single-line"):
-        resolve_run_id("a\nb", {})
+        run_id("a\nb", {})
 
 
 def test_each_run_id_has_its_own_generation_beside_the_job_dir(tmp_path):

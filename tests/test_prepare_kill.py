@@ -9,7 +9,8 @@ nothing of the prepare is left beside it: the end of the staging directory's lif
 participant that still held a view of a removed directory used to exit 1 or 2, hang, or leave a
 `.<job>.preparing.removed-*` behind.
 
-The randomized mix of the same faults is `scripts/faults --kinds prepare-kill`.
+CI runs a subset of 11 of the 21 cases (one per phase and kind); ELASTIC_SHARD_EXHAUSTIVE=1 runs
+all of them. The randomized mix of the same faults is `scripts/faults --kinds prepare-kill`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from support.exhaustive import EXHAUSTIVE
 from support.fault_matrix import PREPARE_PHASES, PREPARE_POINTS, Harness, PrepareCase
 
 pytestmark = pytest.mark.cluster
@@ -35,8 +37,16 @@ def _case(fault: str, point: str, phase: str, resume_at_publish: bool = False) -
     )  # fmt: skip
 
 
-CASES = [_case("point", f"{point}@1", "final" if point == "prepare-staged" else point.split("-")[1]) for point in PREPARE_POINTS]
-CASES += [_case("stop", "", phase, at_publish) for phase in PREPARE_PHASES for at_publish in (False, True)]
+ALL_CASES = [
+    _case("point", f"{point}@1", "final" if point == "prepare-staged" else point.split("-")[1]) for point in PREPARE_POINTS
+]
+ALL_CASES += [_case("stop", "", phase, at_publish) for phase in PREPARE_PHASES for at_publish in (False, True)]
+# CI's bounded subset: every phase loses a participant once at a unit's start or end (alternating)
+# and is frozen once (alternating the resume), plus the staged point. ELASTIC_SHARD_EXHAUSTIVE=1
+# runs all 21 cases (CONTRIBUTING.md).
+SUBSET = [c for i, c in enumerate(ALL_CASES[:10]) if i % 4 in (0, 3)] + [ALL_CASES[10]]
+SUBSET += [c for i, c in enumerate(ALL_CASES[11:]) if i % 4 in (0, 3)]
+CASES = ALL_CASES if EXHAUSTIVE else SUBSET
 
 
 def test_survivors_exit_with_the_job_whatever_step_a_participant_dies_or_freezes_at(gluster):

@@ -25,7 +25,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,33 +33,16 @@ from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
 from elastic_sharding.claims.protocol import new_token, remove_if_token
 from elastic_sharding.claims.takeover import StalenessObserver
-from elastic_sharding.errors import EXIT_ERROR, Aborted, ElasticShardError, Interrupted, UsageError
+from elastic_sharding.errors import EXIT_ERROR, Aborted, ElasticShardError, Interrupted
 from elastic_sharding.layout import SubmissionLayout, coordination_root
 from elastic_sharding.records import Heartbeat, Outcome, PhaseLock, PhaseResult, RunRecord, decode, encode
 
 log = logging.getLogger(__name__)
 
-RUN_ID_VARIABLES = ("PAI_JOB_ID", "DLC_JOB_ID", "JOB_ID")
 PREPARE, FINALIZE = "prepare", "finalize"
 MAX_COORDINATOR_HEARTBEAT = 10.0
 PROGRESS_LOG_SECS = 60.0
 RUN_HASH_RE = re.compile(r"^[0-9a-f]{16}$")
-
-
-def resolve_run_id(explicit: str | None, environ: Mapping[str, str]) -> str:
-    """`--run-id`, else the scheduler's job id; the same value on every instance of a submission."""
-    candidates = [("--run-id", explicit)] + [(name, environ.get(name)) for name in RUN_ID_VARIABLES]
-    for source, value in candidates:
-        if value is None or value == "":
-            continue
-        value = value.strip()
-        if not value or any(ord(c) < 32 for c in value):
-            raise UsageError(f"{source} must be a non-empty single-line identifier, got {value!r}")
-        return value
-    raise UsageError(
-        "no run id: pass --run-id ID with the same value on every instance of this submission and a new value for "
-        f"each new submission (inside PAI-DLC one of {', '.join(RUN_ID_VARIABLES)} is set and used automatically)"
-    )
 
 
 def run_hash(run_id: str) -> str:

@@ -54,8 +54,42 @@ def _cmd_dlc(args: argparse.Namespace) -> int:
         poll_interval_secs=args.poll_interval_secs,
         coordinator_lease_secs=args.coordinator_lease_secs,
         runner=args.runner,
+        explain=args.explain,
     )
     return run_dlc(options)
+
+
+def _cmd_slurm(args: argparse.Namespace) -> int:
+    from elastic_sharding.cli.parser import dlc_arguments
+    from elastic_sharding.launch.slurm import SlurmRequest, run_slurm
+
+    request = SlurmRequest(
+        job=_job_request(args),
+        dlc_args=dlc_arguments(args),
+        nodes=args.nodes,
+        array=args.array,
+        max_running=args.max_running,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        time=args.time,
+        gpus_per_node=args.gpus_per_node,
+        cpus_per_node=args.cpus_per_node,
+        mem=args.mem,
+        job_name=args.job_name,
+        sbatch_args=args.sbatch_arg,
+        setup=args.setup,
+        exports=args.export,
+        log_dir=args.log_dir,
+        requeue=args.requeue,
+        signal_secs=args.signal_secs,
+        python=args.python,
+        log_level=args.log_level,
+        require_all_nodes=args.require_all_nodes,
+        dry_run=args.dry_run,
+        submit=args.submit,
+    )
+    return run_slurm(request)
 
 
 def _cmd_mpi(args: argparse.Namespace) -> int:
@@ -166,6 +200,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "dlc": _cmd_dlc,
+    "slurm": _cmd_slurm,
     "mpi": _cmd_mpi,
     "local": _cmd_local,
     "prepare": _cmd_prepare,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from elastic_sharding import settings
@@ -95,6 +96,119 @@ def _add_launcher(parser: argparse.ArgumentParser) -> None:
     _add_quiet(parser)
 
 
+def _add_dlc_run(parser: argparse.ArgumentParser) -> None:
+    """What every `dlc` instance runs with; `slurm` passes these on to the instances it starts."""
+    _add_launcher(parser)
+    parser.add_argument(
+        "--require-all-nodes",
+        action="store_true",
+        help="strict mode: cap claims per Worker and require --nodes distinct hostnames",
+    )
+    parser.add_argument(
+        "--run-id",
+        help="identifier shared by every instance of one submission (default: $ELASTIC_SHARD_RUN_ID, $PAI_JOB_ID, "
+        "$DLC_JOB_ID, $JOB_ID, else the Slurm job or array job id, or the mpirun job id)",
+    )
+    parser.add_argument(
+        "--wait-timeout-secs",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT,
+        help="maximum prepare/completion/finalize wait (default %(default)s)",
+    )
+    parser.add_argument(
+        "--coordinator-lease-secs",
+        type=float,
+        default=DEFAULT_COORDINATOR_LEASE,
+        help="a prepare/finalize coordinator that stops heartbeating for this long is taken over (default %(default)s)",
+    )
+
+
+def dlc_arguments(args: argparse.Namespace) -> list[str]:
+    """The `dlc` flags of `args` that differ from their defaults, paths made absolute: the command
+    `slurm` runs on every node, rebuilt from the one parser so that no flag is forgotten."""
+    probe = argparse.ArgumentParser(add_help=False)
+    _add_dlc_run(probe)
+    argv: list[str] = []
+    for action in probe._actions:
+        value = getattr(args, action.dest, action.default)
+        if not action.option_strings or value is None or value == action.default:
+            continue
+        flag = action.option_strings[0]
+        if action.nargs == 0:
+            argv.append(flag)
+            continue
+        if isinstance(value, Path) or action.dest == "output":
+            text = str(value)
+            value = os.path.abspath(text) + (os.sep if text.endswith(("/", os.sep)) else "")
+        argv += [flag, str(value)]
+    return argv
+
+
+def _add_slurm(parser: argparse.ArgumentParser) -> None:
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--nodes", type=_positive_int, help="one allocation of N nodes, one worker per node, all started together")
+    shape.add_argument(
+        "--array",
+        type=_positive_int,
+        metavar="K",
+        help="elastic: K single-node array tasks that join the job whenever the scheduler starts them",
+    )
+    parser.add_argument("--max-running", type=_positive_int, metavar="M", help="at most M array tasks at once (--array=0-K%%M)")
+    parser.add_argument("--partition", help="sbatch --partition")
+    parser.add_argument("--account", help="sbatch --account")
+    parser.add_argument("--qos", help="sbatch --qos")
+    parser.add_argument("--time", help="sbatch --time limit, e.g. 12:00:00 (drained and requeued before it is reached)")
+    parser.add_argument("--gpus-per-node", type=_positive_int, help="GPUs on each node (sbatch and srun --gpus-per-node)")
+    parser.add_argument(
+        "--cpus-per-node", type=_positive_int, help="CPUs of each node for its worker (default: the whole node, --exclusive)"
+    )
+    parser.add_argument("--mem", help="memory of each node, e.g. 200G (sbatch --mem)")
+    parser.add_argument("--job-name", help="Slurm job name shown by squeue (default es-<job-dir name>)")
+    parser.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more #SBATCH option, e.g. --sbatch-arg=--constraint=a100 (repeatable)",
+    )
+    parser.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="shell line run before the workers, e.g. 'module load cuda' (repeatable)",
+    )
+    parser.add_argument(
+        "--export", action="append", default=[], metavar="NAME=VALUE", help="environment variable for the workers (repeatable)"
+    )
+    parser.add_argument(
+        "--log-dir", type=Path, default=Path("."), help="where the script and Slurm's output files go (default: here)"
+    )
+    parser.add_argument(
+        "--requeue",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let Slurm requeue a preempted job and requeue it before the time limit; it rejoins its run (default on)",
+    )
+    parser.add_argument(
+        "--signal-secs",
+        type=int,
+        default=120,
+        help="seconds before the time limit at which the workers drain (sbatch --signal=B:USR1@S; 0: none; default %(default)s)",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="the Python on every node that has elastic-sharding (default: this one)"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the batch script (inside an allocation: the srun command); submit nothing"
+    )
+    parser.add_argument(
+        "--submit",
+        action="store_true",
+        help="inside an allocation, submit a new job instead of running on the allocation's nodes",
+    )
+
+
 def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argparse.ArgumentParser:
     """`profile="dlc"` is the original demo's `dlc_job.py`: its sub-commands default to the bundled demo."""
     dlc = profile == "dlc"
@@ -106,28 +220,21 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("dlc", help="the same command on every node of a Worker-broadcast job: prepare, work, merge")
-    _add_launcher(p)
-    p.add_argument("--nodes", type=_positive_int, help="expected Workers: informational in elastic mode, required in strict mode")
+    _add_dlc_run(p)
     p.add_argument(
-        "--require-all-nodes",
+        "--nodes",
+        type=_positive_int,
+        help="expected Workers (default: what the scheduler says): informational in elastic mode, required in strict mode",
+    )
+    p.add_argument(
+        "--explain",
         action="store_true",
-        help="strict mode: cap claims per Worker and require --nodes distinct hostnames",
+        help="print the scheduler, node count, node and run id this instance detected, and why, then exit without running",
     )
-    p.add_argument(
-        "--run-id", help="identifier shared by every instance of one submission (default: $PAI_JOB_ID, $DLC_JOB_ID or $JOB_ID)"
-    )
-    p.add_argument(
-        "--wait-timeout-secs",
-        type=float,
-        default=DEFAULT_WAIT_TIMEOUT,
-        help="maximum prepare/completion/finalize wait (default %(default)s)",
-    )
-    p.add_argument(
-        "--coordinator-lease-secs",
-        type=float,
-        default=DEFAULT_COORDINATOR_LEASE,
-        help="a prepare/finalize coordinator that stops heartbeating for this long is taken over (default %(default)s)",
-    )
+
+    p = sub.add_parser("slurm", help="submit a whole job to Slurm: an allocation of N nodes or an elastic array of tasks")
+    _add_dlc_run(p)
+    _add_slurm(p)
 
     p = sub.add_parser("mpi", help="MPIJob Launcher: prepare, mpirun one worker per node, merge")
     _add_launcher(p)

@@ -7,10 +7,12 @@ Coordination goes only through the shared directory (`claims/submission.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -24,10 +26,10 @@ from elastic_sharding.claims.submission import (
     PROGRESS_LOG_SECS,
     Generation,
     aborted,
-    resolve_run_id,
     run_phase,
 )
 from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, Aborted, ElasticShardError, Interrupted, UsageError
+from elastic_sharding.launch.scheduler import Placement, detect, resolve_run_id
 from elastic_sharding.launch.steps import JobRequest, check_same_request, finalize, preflight_job, prepare_job
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.snapshot import job_views
@@ -53,6 +55,7 @@ class DlcOptions:
     poll_interval_secs: float
     coordinator_lease_secs: float
     runner: str
+    explain: bool = False
 
 
 def strict_claim_cap(nodes: int | None, num_shards: int, require_all_nodes: bool) -> int | None:
@@ -83,8 +86,9 @@ def strict_claim_cap(nodes: int | None, num_shards: int, require_all_nodes: bool
 
 
 class _Instance:
-    def __init__(self, opts: DlcOptions, cap: int | None, run_id: str):
+    def __init__(self, opts: DlcOptions, cap: int | None, run_id: str, placement: Placement):
         self.opts = opts
+        self.placement = placement
         self.cap = cap
         self.gen = Generation(opts.job.job_dir, run_id)
         self.layout = opts.job.layout
@@ -107,10 +111,16 @@ class _Instance:
         opts = self.opts
         self.gen.open()
         mode = f"strict ({opts.nodes} nodes, at most {self.cap} shard(s) per Worker)" if self.cap else "elastic"
+        where = self.placement
+        if where.node_index is not None:
+            place = f"{where.scheduler.value} node {where.node_index} of {where.nodes or '?'} {where.node_name}"
+        else:
+            place = f"{where.scheduler.value}, no node index"
         log.info(
-            "DLC instance hostname=%s pid=%d: run %s, %s mode, coordination %s",
+            "DLC instance hostname=%s pid=%d (%s): run %s, %s mode, coordination %s",
             self.host,
             os.getpid(),
+            place,
             self.gen.run_id,
             mode,
             self.gen.root,
@@ -281,9 +291,18 @@ def _shard_state(layout: JobLayout, shard_id: str) -> tuple[str, str]:
 
 
 def run_dlc(opts: DlcOptions) -> int:
-    cap = strict_claim_cap(opts.nodes, opts.job.num_shards, opts.require_all_nodes)
-    run_id = resolve_run_id(opts.run_id, os.environ)
+    """Node count and run id come from the flags, else from the scheduler the command runs under."""
+    placement = detect(os.environ).overridden(opts.nodes, opts.run_id)
+    if opts.explain:
+        sys.stdout.write(placement.describe() + "\n")
+        return EXIT_OK
+    for warning in placement.warnings:
+        log.warning("%s", warning)
+    nodes = placement.nodes
+    cap = strict_claim_cap(nodes, opts.job.num_shards, opts.require_all_nodes)
+    run_id = resolve_run_id(opts.run_id, placement)
     preflight_job(opts.job)
-    instance = _Instance(opts, cap, run_id)
+    opts = dataclasses.replace(opts, nodes=nodes)
+    instance = _Instance(opts, cap, run_id, placement)
     with on_stop_signals(instance.on_signal):
         return instance.run()
