@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.e2e_support import DEMO_RECIPE, DLC_JOB, SHARD_JOB
+from support.exhaustive import exhaustive_only
 from support.jobs import REPO
 
 from elastic_sharding.work.runners import DEFAULT_RUNNER
@@ -59,6 +60,7 @@ def merged_lines(node, path: Path) -> list[bytes]:
     return node.read_bytes(path).splitlines(keepends=True)
 
 
+@exhaustive_only  # CI: test_slurm_e2e.py and the fault matrix run workers on GlusterFS nodes
 def test_two_nodes_manual_workflow_on_a_strict_volume(gluster, tmp_path, demo_baseline):
     cluster = gluster(nodes=2, mode="strict")
     a, b = cluster.nodes
@@ -89,6 +91,7 @@ def test_two_nodes_manual_workflow_on_a_strict_volume(gluster, tmp_path, demo_ba
     }
 
 
+@exhaustive_only  # CI: test_slurm_e2e.py's strict allocation job, real Data-Juicer on a caching volume
 def test_dlc_strict_three_nodes_on_a_caching_volume(gluster, tmp_path, demo_baseline):
     cluster = gluster(nodes=3, mode="cached")
     job = cluster.mount / "strict-3x6"

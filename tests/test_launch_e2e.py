@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from support.e2e_support import DLC_JOB, TWO_NODE, needs_unshare, read_log, run_script, start_node, wait_all
+from support.exhaustive import exhaustive_only
 from support.jobs import TESTS, write_jsonl
 
 from elastic_sharding.claims.submission import Generation
@@ -36,6 +37,7 @@ def status_json(job: Path) -> dict:
 
 
 @needs_unshare
+@exhaustive_only  # CI: test_launch.py takes a dead coordinator over with the fake processor
 def test_killed_prepare_coordinator_is_taken_over_and_fewer_workers_than_nodes_finish(tmp_path, demo_baseline):
     job = tmp_path / "job"
     args = ("--job-dir", str(job), "--nodes", "3", "--num-shards", "4", "--run-id", "elastic-1")
@@ -100,6 +102,7 @@ def test_a_worker_failure_ends_every_node_with_one_code_and_a_new_run_id_recover
 
 
 @needs_unshare
+@exhaustive_only  # CI: test_launch.py ends every instance on a prepare failure with the fake processor
 def test_a_prepare_failure_ends_every_node_with_one_code_and_a_new_run_id_recovers(tmp_path):
     recipe, dataset, fixed = explode_job(tmp_path)
     fixed.touch()
@@ -118,6 +121,7 @@ def test_a_prepare_failure_ends_every_node_with_one_code_and_a_new_run_id_recove
 
 
 @needs_unshare
+@exhaustive_only  # CI: test_launch.py checks the wrapper's arguments; test_e2e.py runs two real nodes
 def test_two_node_wrapper_runs_the_strict_two_node_job(tmp_path, demo_baseline):
     job = tmp_path / "two-node"
     nodes = {name: start_dlc(name, tmp_path, f"--job-dir={job}", "--run-id", "two", script=TWO_NODE) for name in NODES[:2]}

@@ -1,10 +1,10 @@
 """`elastic-shard slurm` on a real Slurm (tests/support/slurm.py: slurmctld, one slurmd per GlusterFS
 node, each node its own hostname; docs/testing/slurm.md), submitted through `sbatch` as a user would.
 
-With real Data-Juicer + Ray: an N-node allocation job and an elastic array job both finish with a
-merge equal to one `dj-process` run. With the fake processor (the scheduler's behaviour, not
+With real Data-Juicer + Ray on a caching volume: an N-node allocation job (in strict mode: every
+node its share) and an elastic array job both finish with a merge equal to one `dj-process` run. With the fake processor (the scheduler's behaviour, not
 Data-Juicer's, is under test): an array task that the scheduler starts late joins and takes shards;
-`scancel` of one node's task mid-shard costs only that shard, which another node takes over; a
+`scancel` of one node's task mid-shard costs only the shards it held, which other nodes take over; a
 requeued task drains, runs again with the same job id and rejoins its run; `squeue` names the jobs
 and steps; and inside an allocation (`salloc`) the command runs the step over its nodes.
 """
@@ -62,10 +62,10 @@ def slurm_logs(directory: Path, slurm) -> str:
 
 @pytest.mark.e2e
 def test_an_allocation_job_and_an_elastic_array_job_merge_like_one_dj_process_run(slurm, demo_baseline, tmp_path):
-    cluster = slurm(nodes=2, cpus=2)
+    cluster = slurm(nodes=2, cpus=2, mode="cached")
     logs = tmp_path / "logs"
     timings = {}
-    for shape, flags in (("allocation", ("--nodes", "2")), ("array", ("--array", "2"))):
+    for shape, flags in (("allocation", ("--nodes", "2", "--require-all-nodes")), ("array", ("--array", "2"))):
         job = cluster.mount / f"demo-{shape}"
         started = time.monotonic()
         job_id = elastic_shard(
@@ -82,7 +82,10 @@ def test_an_allocation_job_and_an_elastic_array_job_merge_like_one_dj_process_ru
         assert record["ExitCode"] == "0:0"
         report = status(cluster, job)
         assert report["complete"] and len(done_hosts(report)) == 6
-        assert set(done_hosts(report).values()) <= {"node1", "node2"}
+        hosts = sorted(done_hosts(report).values())
+        if shape == "allocation":  # strict mode: each node its cap of 6 / 2 shards
+            assert hosts == ["node1"] * 3 + ["node2"] * 3, hosts
+        assert set(hosts) <= {"node1", "node2"}
         merged = job / "merged.jsonl"
         assert cluster.cluster.nodes[0].read_bytes(merged).splitlines(keepends=True) == demo_baseline
         text = "".join(p.read_text() for p in logs.glob(f"{name}-*.out"))

@@ -83,7 +83,7 @@ def _cmd_slurm(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         requeue=args.requeue,
         signal_secs=args.signal_secs,
-        python=args.python,
+        python=args.python or sys.executable,
         log_level=args.log_level,
         require_all_nodes=args.require_all_nodes,
         dry_run=args.dry_run,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from elastic_sharding import settings
@@ -197,7 +196,7 @@ def _add_slurm(parser: argparse.ArgumentParser) -> None:
         help="seconds before the time limit at which the workers drain (sbatch --signal=B:USR1@S; 0: none; default %(default)s)",
     )
     parser.add_argument(
-        "--python", default=sys.executable, help="the Python on every node that has elastic-sharding (default: this one)"
+        "--python", help="the Python on every node that has elastic-sharding (default: the one running this command)"
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the batch script (inside an allocation: the srun command); submit nothing"
