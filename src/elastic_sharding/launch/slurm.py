@@ -192,10 +192,13 @@ def batch_script(req: SlurmRequest) -> str:
         'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
     ]
     if req.requeue and req.signal_secs:
+        # An array task's own job id can be the array's (the last task to start gets it), and
+        # requeueing that id would requeue every task: name the task.
+        me = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if req.shape is Shape.ARRAY else "${SLURM_JOB_ID}"
         lines += [
             'if [ "$time_limit" = 1 ]; then',
-            '  echo "elastic-shard: drained before the time limit; requeueing job $SLURM_JOB_ID into the same run" >&2',
-            '  scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            f'  echo "elastic-shard: drained before the time limit; requeueing job {me} into the same run" >&2',
+            f'  scontrol requeue "{me}" && exit 0',
             "fi",
         ]
     lines.append('exit "$code"')
