@@ -652,33 +652,40 @@ def _register(cluster: Cluster) -> None:
 
 
 @contextlib.contextmanager
-def cluster_factory() -> Iterator[Callable[..., Cluster]]:
-    """Behind the `gluster` fixture: skip (or fail, with ELASTIC_SHARD_REQUIRE_CLUSTER=1) if unavailable; tear all down."""
+def built_for_a_test(reason: str | None, what: str) -> Iterator[list]:
+    """Skip (or fail, with ELASTIC_SHARD_REQUIRE_CLUSTER=1) when `reason` says `what` cannot be built;
+    else yield a list for what the test builds, and tear it all down afterwards, newest first."""
     import pytest
 
-    reason = cluster_available()
     if reason is not None:
         if os.environ.get("ELASTIC_SHARD_REQUIRE_CLUSTER") == "1":
-            pytest.fail(f"test cluster required (ELASTIC_SHARD_REQUIRE_CLUSTER=1) but unavailable: {reason}")
+            pytest.fail(f"{what} required (ELASTIC_SHARD_REQUIRE_CLUSTER=1) but unavailable: {reason}")
         pytest.skip(reason)
-    made: list[Cluster] = []
-
-    def make(nodes: int = 2, mode: str = "strict", **kwargs) -> Cluster:
-        cluster = Cluster(nodes, mode, **kwargs)
-        made.append(cluster)
-        return cluster.up()
-
+    made: list = []
     try:
-        yield make
+        yield made
     finally:
         errors = []
-        for cluster in reversed(made):
+        for thing in reversed(made):
             try:
-                cluster.down()
+                thing.down()
             except Exception as exc:  # still tear down the others
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+@contextlib.contextmanager
+def cluster_factory() -> Iterator[Callable[..., Cluster]]:
+    """Behind the `gluster` fixture: skip (or fail, with ELASTIC_SHARD_REQUIRE_CLUSTER=1) if unavailable; tear all down."""
+    with built_for_a_test(cluster_available(), "test cluster") as made:
+
+        def make(nodes: int = 2, mode: str = "strict", **kwargs) -> Cluster:
+            cluster = Cluster(nodes, mode, **kwargs)
+            made.append(cluster)
+            return cluster.up()
+
+        yield make
 
 
 # --- script ------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from support.cluster import (  # noqa: E402
     _ns_ids,
     _pids_in,
     _tool,
+    built_for_a_test,
     cluster_available,
 )
 
@@ -521,34 +522,17 @@ def _register(harness: SlurmCluster) -> None:
 @contextlib.contextmanager
 def slurm_factory() -> Iterator[Callable[..., SlurmCluster]]:
     """Behind the `slurm` fixture: skip (or fail, with ELASTIC_SHARD_REQUIRE_CLUSTER=1) if unavailable; tear all down."""
-    import pytest
+    with built_for_a_test(slurm_available(), "Slurm test harness") as made:
 
-    reason = slurm_available()
-    if reason is not None:
-        if os.environ.get("ELASTIC_SHARD_REQUIRE_CLUSTER") == "1":
-            pytest.fail(f"Slurm test harness required (ELASTIC_SHARD_REQUIRE_CLUSTER=1) but unavailable: {reason}")
-        pytest.skip(reason)
-    made: list[SlurmCluster | Cluster] = []
+        def make(nodes: int = 3, cpus: int = 2, mode: str = "strict", **kwargs) -> SlurmCluster:
+            cluster = Cluster(nodes, mode)
+            made.append(cluster)
+            cluster.up()
+            harness = SlurmCluster(cluster, cpus, **kwargs)
+            made.append(harness)
+            return harness.up()
 
-    def make(nodes: int = 3, cpus: int = 2, mode: str = "strict", **kwargs) -> SlurmCluster:
-        cluster = Cluster(nodes, mode)
-        made.append(cluster)
-        cluster.up()
-        harness = SlurmCluster(cluster, cpus, **kwargs)
-        made.append(harness)
-        return harness.up()
-
-    try:
         yield make
-    finally:
-        errors = []
-        for thing in reversed(made):
-            try:
-                thing.down()
-            except Exception as exc:  # still tear down the others
-                errors.append(exc)
-        if errors:
-            raise errors[0]
 
 
 # --- script ------------------------------------------------------------------------------------

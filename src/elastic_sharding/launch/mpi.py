@@ -15,18 +15,18 @@ import subprocess
 from pathlib import Path
 
 from elastic_sharding.children import child_env
-from elastic_sharding.errors import EXIT_OK, Interrupted, UsageError
+from elastic_sharding.errors import EXIT_OK, UsageError
 from elastic_sharding.launch.steps import (
     JobRequest,
     finalize,
     job_failure,
     preflight_job,
     prepare_job,
+    wait_draining,
     worker_command,
 )
 from elastic_sharding.observe.status import Status
 from elastic_sharding.prepare.cooperate import JOIN_ENV
-from elastic_sharding.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,7 @@ def run_mpi(
         proc.wait()
         raise
     log.info("%s", message)
-    interrupted: list[str] = []
-
-    def on_signal(name: str) -> None:
-        interrupted.append(name)
-        proc.send_signal(signal.SIGTERM)  # mpirun forwards it to every rank: they drain
-
-    with on_stop_signals(on_signal):
-        code = proc.wait()
-    if interrupted:
-        raise Interrupted(f"received {interrupted[0]}; workers handed their shards back")
+    code = wait_draining(proc)
     if code != EXIT_OK:
         raise job_failure(Status(req.layout.root), [f"mpirun exited with code {code}"])
     done = finalize(req, expect_nodes)

@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -27,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_sharding import __version__
-from elastic_sharding.errors import EXIT_OK, ElasticShardError, Interrupted, UsageError
+from elastic_sharding.errors import EXIT_OK, ElasticShardError, UsageError
 from elastic_sharding.launch.scheduler import INTERACTIVE_STEP, Shape
-from elastic_sharding.launch.steps import JobRequest, preflight_job
-from elastic_sharding.signals import on_stop_signals
+from elastic_sharding.launch.steps import JobRequest, preflight_job, wait_draining
 
 log = logging.getLogger(__name__)
 
@@ -268,18 +266,7 @@ def run_in_allocation(req: SlurmRequest, environ: Mapping[str, str]) -> int:
         nodes,
         shlex.join(command),
     )
-    proc = subprocess.Popen(command, env=env)
-    stopped: list[str] = []
-
-    def on_signal(name: str) -> None:
-        stopped.append(name)
-        proc.send_signal(signal.SIGTERM)  # srun passes it to every task: they drain
-
-    with on_stop_signals(on_signal):
-        code = proc.wait()
-    if stopped:
-        raise Interrupted(f"received {stopped[0]}; workers handed their shards back")
-    return code
+    return wait_draining(subprocess.Popen(command, env=env))
 
 
 def run_slurm(req: SlurmRequest, environ: Mapping[str, str] | None = None) -> int:

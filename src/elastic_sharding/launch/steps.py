@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from elastic_sharding.destination import (
     published,
     refuse_foreign_output,
 )
-from elastic_sharding.errors import ElasticShardError, UsageError
+from elastic_sharding.errors import ElasticShardError, Interrupted, UsageError
 from elastic_sharding.finish.merge import publish
 from elastic_sharding.finish.retry import retry
 from elastic_sharding.finish.validate import completed_outputs, validate_outputs
@@ -29,6 +30,7 @@ from elastic_sharding.observe.status import Status
 from elastic_sharding.prepare.job import PrepareRequest, preflight, prepare
 from elastic_sharding.prepare.recipe import recipe_and_base
 from elastic_sharding.records import Settings
+from elastic_sharding.signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -176,3 +178,19 @@ def worker_command(job_dir: Path, *options: str) -> list[str]:
 def drain_with_parent() -> None:
     """For a worker child: receive SIGTERM (drain, hand back the shard) if the launcher dies."""
     set_parent_death_signal(signal.SIGTERM)
+
+
+def wait_draining(proc: subprocess.Popen) -> int:
+    """Wait for a launcher's child (`mpirun`, `srun`) that runs the workers: SIGTERM/SIGINT to the
+    launcher becomes SIGTERM to it, which passes it to every worker, and they drain."""
+    stopped: list[str] = []
+
+    def on_signal(name: str) -> None:
+        stopped.append(name)
+        proc.send_signal(signal.SIGTERM)
+
+    with on_stop_signals(on_signal):
+        code = proc.wait()
+    if stopped:
+        raise Interrupted(f"received {stopped[0]}; workers handed their shards back")
+    return code
