@@ -245,6 +245,29 @@ def test_make_dirs_races_and_follows_links(tmp_path):
     assert fsops.make_dirs(tmp_path / "link" / "b" / "c" / "d") == [tmp_path / "link" / "b" / "c" / "d"]
 
 
+def test_make_dirs_waits_out_a_stale_handle_and_gives_up_after_a_while(tmp_path, monkeypatch):
+    """A caching NAS client whose cached handle another node replaced gets ESTALE until the entry
+    expires (seen on GlusterFS when participants create a stage directory together)."""
+    import errno
+
+    real_mkdir = os.mkdir
+    stale = {"left": 3}
+
+    def mkdir(path, mode=0o777):
+        if Path(path).name == "stage" and stale["left"]:
+            stale["left"] -= 1
+            raise OSError(errno.ESTALE, "Stale file handle", str(path))
+        return real_mkdir(path, mode)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    assert fsops.make_dirs(tmp_path / "stage" / "units") == [tmp_path / "stage", tmp_path / "stage" / "units"]
+    stale["left"] = 10**9
+    monkeypatch.setattr(fsops, "STALE_HANDLE_SECS", 0.1)
+    with pytest.raises(OSError, match="Stale file handle"):
+        fsops.make_dirs(tmp_path / "other" / "stage")
+    assert not (tmp_path / "other").exists(), "what it made is removed again"
+
+
 def test_make_dirs_removes_what_it_made_when_a_level_fails(tmp_path, monkeypatch):
     real_mkdir = os.mkdir
 

@@ -104,15 +104,29 @@ def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
     """mkdir; True if this call created it, False if it was there. A caching NAS can say EEXIST
     before the directory shows (GlusterFS: also to both of two racing creators, or to a lone
     one), so when `is_dir` does not see it yet, mkdir and the lookup are retried for a while
-    before that counts as an error; `is_dir` raises for anything else in its place."""
-    for attempt in range(MKDIR_VISIBLE_TRIES):
+    before that counts as an error, and ESTALE is retried for up to `STALE_HANDLE_SECS`; `is_dir`
+    raises for anything else in its place."""
+    stale_until: float | None = None
+    attempt = 0
+    while attempt < MKDIR_VISIBLE_TRIES:
         try:
             os.mkdir(directory, confined.DIR_MODE)
             return True
         except FileExistsError:
             if is_dir(directory):
                 return False
-        time.sleep(0.02 * (attempt + 1))
+        except OSError as exc:
+            # A client whose name cache still holds a handle another node has since replaced
+            # gets ESTALE until that entry expires, as in read_record.
+            if exc.errno != errno.ESTALE:
+                raise
+            stale_until = stale_until or time.monotonic() + STALE_HANDLE_SECS
+            if time.monotonic() > stale_until:
+                raise
+            time.sleep(STALE_HANDLE_POLL)
+            continue
+        attempt += 1
+        time.sleep(0.02 * attempt)
     raise FileExistsError(errno.EEXIST, "mkdir says it exists, yet it never shows", str(directory))
 
 
