@@ -297,6 +297,10 @@ class AttemptSteps:
         reason = ctx.stop_reason() or ""
         beaten = reason.startswith(OUTRUN)
         lost = reason.startswith("claim lost")
+        if not (beaten or lost or handback) and self._published_by_another(claim):
+            # It failed while (or because) another attempt published the shard, before the
+            # heartbeat's stop reached it: beaten, not a failure of the shard.
+            beaten = True
         status = AttemptStatus.BEATEN if beaten else AttemptStatus.FENCED if lost else AttemptStatus.FAILED
         if (self.stopping or handback) and not (lost or beaten):
             status = AttemptStatus.INTERRUPTED
@@ -384,6 +388,12 @@ class AttemptSteps:
             backup.pid,
         )
         return True
+
+    def _published_by_another(self, claim: Claim) -> bool:
+        try:
+            return self.claims.lost_to(claim) is not None
+        except OSError:
+            return False
 
     def _after_beaten(self, claim: Claim, record: AttemptRecord, processed: Path) -> None:
         """Another attempt of the shard published first: nothing of this one is used. The owner
