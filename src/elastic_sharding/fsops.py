@@ -100,6 +100,19 @@ def _is_dir_in_the_way(path: Path) -> bool:
     return True
 
 
+def _wait_out_stale(exc: OSError, stale_until: float | None) -> float:
+    """In a retry loop: re-raise `exc` unless it is ESTALE and `STALE_HANDLE_SECS` have not passed
+    since the first; then wait a poll and return the deadline. A client whose name cache still
+    holds a handle another node has since replaced gets ESTALE until that entry expires."""
+    if exc.errno != errno.ESTALE:
+        raise exc
+    stale_until = stale_until or time.monotonic() + STALE_HANDLE_SECS
+    if time.monotonic() > stale_until:
+        raise exc
+    time.sleep(STALE_HANDLE_POLL)
+    return stale_until
+
+
 def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
     """mkdir; True if this call created it, False if it was there. A caching NAS can say EEXIST
     before the directory shows (GlusterFS: also to both of two racing creators, or to a lone
@@ -116,14 +129,7 @@ def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
             if is_dir(directory):
                 return False
         except OSError as exc:
-            # A client whose name cache still holds a handle another node has since replaced
-            # gets ESTALE until that entry expires, as in read_record.
-            if exc.errno != errno.ESTALE:
-                raise
-            stale_until = stale_until or time.monotonic() + STALE_HANDLE_SECS
-            if time.monotonic() > stale_until:
-                raise
-            time.sleep(STALE_HANDLE_POLL)
+            stale_until = _wait_out_stale(exc, stale_until)
             continue
         attempt += 1
         time.sleep(0.02 * attempt)
@@ -343,12 +349,7 @@ def read_record(path: Path, parse: Callable[[bytes], T], attempts: int = 5, dela
         except FileNotFoundError:
             return None
         except OSError as exc:
-            if exc.errno != errno.ESTALE:
-                raise
-            stale_until = stale_until or time.monotonic() + STALE_HANDLE_SECS
-            if time.monotonic() > stale_until:
-                raise
-            time.sleep(STALE_HANDLE_POLL)
+            stale_until = _wait_out_stale(exc, stale_until)
             continue
         try:
             if data:
