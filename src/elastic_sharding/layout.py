@@ -108,8 +108,9 @@ class JobLayout:
         paths = (self.manifest, self.recipe, self.merge_record, self.shards_dir, self.attempts_root, self.state)
         return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs, self.refusals, self.root / "stages"))
 
-    def shard_input(self, shard_id: str) -> Path:
-        return self.shards_dir / f"{check_shard_id(shard_id)}.jsonl"
+    def shard_input(self, shard_id: str, suffix: str = ".jsonl") -> Path:
+        """A shard's input file: JSON lines, or (`.parquet`) a prepared Parquet input's row groups."""
+        return self.shards_dir / f"{check_shard_id(shard_id)}{suffix}"
 
     def attempts_dir(self, shard_id: str) -> Path:
         return self.attempts_root / check_shard_id(shard_id)
@@ -189,7 +190,8 @@ class JobLayout:
         manifest = load(Manifest, self.manifest)
         for spec in manifest.shards:
             check_shard_id(spec.shard_id)
-            if spec.path != f"shards/{spec.shard_id}.jsonl":
+            suffix = ".parquet" if manifest.input_format == "parquet" else ".jsonl"
+            if spec.path != f"shards/{spec.shard_id}{suffix}":
                 raise JobStateError(
                     f"{self.manifest}: shard {spec.shard_id} has an unexpected path {spec.path!r}; restore the manifest prepare wrote"
                 )

@@ -92,6 +92,11 @@ def _sha256_file(path: Path, advance: Callable[[int], None]) -> str:
     return digest.hexdigest()
 
 
+def sha256_range(path: Path, start: int, length: int | None) -> str:
+    """The sha256 (hex) of `length` bytes of `path` from `start` (None: to the end)."""
+    return _sha256_range(path, start, length, lambda n: None).hex()
+
+
 def _sha256_range(path: Path, start: int, length: int | None, advance: Callable[[int], None]) -> bytes:
     digest = hashlib.sha256()
     _feed(path, start, length, digest, advance)

@@ -20,7 +20,8 @@ from elastic_sharding import crashpoints
 from elastic_sharding.errors import InputError, JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.fingerprints import fingerprint_files
-from elastic_sharding.prepare.sources import file_kind, is_input_name
+from elastic_sharding.prepare.parquet import is_parquet_name
+from elastic_sharding.prepare.sources import INPUT_KINDS, file_kind, is_input_name
 from elastic_sharding.records import InputFile, Manifest, Request
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,7 @@ def discover(dataset: Path) -> tuple[str, Path, list[Path]]:
     if stat.S_ISREG(st.st_mode):
         if not is_input_name(dataset.name):
             hint = "; compressed inputs must end in .jsonl.gz or .jsonl.zst" if ".jsonl." in dataset.name else ""
-            raise InputError(
-                f"not a .jsonl file (inputs are .jsonl, .jsonl.gz or .jsonl.zst files or directories of them){hint}", dataset
-            )
+            raise InputError(f"not an input file (inputs are {INPUT_KINDS} files or directories of them){hint}", dataset)
         return "file", dataset.parent, [dataset]
     if not stat.S_ISDIR(st.st_mode):
         raise InputError(f"not a regular file or directory but {file_kind(st.st_mode)}", dataset)
@@ -63,16 +62,29 @@ def discover(dataset: Path) -> tuple[str, Path, list[Path]]:
             if is_input_name(name):
                 mode = stat_input(path).st_mode  # follows a link to a file; a broken or looping one is refused
                 if not stat.S_ISREG(mode):
-                    raise InputError(f"not a regular file but {file_kind(mode)}; inputs must be regular .jsonl files", path)
+                    raise InputError(f"not a regular file but {file_kind(mode)}; inputs must be regular files", path)
                 found.append((path.relative_to(dataset).as_posix(), path))
             else:
                 skipped += 1
     if skipped:
-        log.warning("ignoring %d file(s) under %s that do not end in .jsonl, .jsonl.gz or .jsonl.zst", skipped, dataset)
+        log.warning("ignoring %d file(s) under %s that are not %s files", skipped, dataset, INPUT_KINDS)
     if not found:
-        raise InputError("directory contains no .jsonl files (nor .jsonl.gz or .jsonl.zst)", dataset)
+        raise InputError(f"directory contains no input files ({INPUT_KINDS})", dataset)
     found.sort(key=lambda item: item[0])
+    parquet = [rel for rel, _ in found if is_parquet_name(rel)]
+    if parquet and len(parquet) < len(found):
+        jsonl = next(rel for rel, _ in found if not is_parquet_name(rel))
+        raise InputError(
+            f"the directory mixes Parquet files ({parquet[0]}, ...) and JSONL files ({jsonl}, ...): one job reads one "
+            "format; convert one kind, or prepare each kind as its own job",
+            dataset,
+        )
     return "dir", dataset, [path for _, path in found]
+
+
+def input_format(files: list[Path]) -> str:
+    """'parquet' or 'jsonl': `discover` lets through only one of them."""
+    return "parquet" if files and is_parquet_name(files[0].name) else "jsonl"
 
 
 def relpath(path: Path, kind: str, root: Path) -> str:

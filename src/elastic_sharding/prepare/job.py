@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from elastic_sharding.dependencies.install import install
-from elastic_sharding.errors import JobStateError, UsageError
+from elastic_sharding.errors import JobStateError, RecipeError, UsageError
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import RECIPE, Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
-from elastic_sharding.prepare.inputs import check_existing, check_locations, discover, stat_input
+from elastic_sharding.prepare.inputs import check_existing, check_locations, discover, input_format, stat_input
 from elastic_sharding.prepare.plan import configured_unit_bytes, make_plan, open_plan, plan_units, write_units
-from elastic_sharding.prepare.recipe import missing_requirements, read_recipe, read_resolved
+from elastic_sharding.prepare.recipe import Recipe, missing_requirements, read_recipe, read_resolved
 from elastic_sharding.prepare.units import UnitWork
 from elastic_sharding.records import Manifest, Request
 from elastic_sharding.settings import Settings, validate_settings
@@ -118,7 +118,10 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
         recipe = read_resolved(config_path, base)
         if req.install_missing:
             install(missing_requirements(recipe))
-        plan = make_plan(request, recipe, kind, root, files, stats, units, base)
+        fmt = input_format(files)
+        if fmt == "parquet":
+            refuse_on_parquet(recipe)
+        plan = make_plan(request, recipe, kind, root, files, stats, units, base, fmt)
         pdir = PrepareDir.of(job.root)
         # A prepare of the same request that was under way may have published the job since the
         # check above: then there is nothing to join.
@@ -173,6 +176,18 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
         participants,
     )
     return PrepareResult(manifest, created=True)
+
+
+def refuse_on_parquet(recipe: Recipe) -> None:
+    """A deduplicator that comes before every other operator would read the prepared shards as
+    JSON lines; on Parquet input they are Parquet files."""
+    first = recipe.segments[0] if recipe.segments else None
+    if first is not None and not first.has_ops and len(recipe.segments) > 1:
+        name = recipe.ops[first.end_op][0]
+        raise RecipeError(
+            f"process[0] {name} is a deduplicator: on Parquet input the recipe must begin with another operator for now "
+            "(any mapper or filter, e.g. clean_email_mapper); or convert the input to JSONL"
+        )
 
 
 def _log_warnings(warnings: list[str]) -> None:

@@ -301,7 +301,7 @@ class RowNormalizer:
                 continue
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise InputError(f"field {key!r} must be a list of strings or null", path, lineno)
-            row[key] = [_absolute_media(v, base_dir) for v in value]
+            row[key] = [absolute_media(v, base_dir) for v in value]
         if self.index_key is not None and row.get(self.index_key) is None:
             if self.index_key not in row:
                 self.added_keys += 1
@@ -309,7 +309,7 @@ class RowNormalizer:
         return row
 
 
-def _absolute_media(value: str, base_dir: str) -> str:
+def absolute_media(value: str, base_dir: str) -> str:
     if value.startswith(URL_PREFIXES) or os.path.isabs(value):
         return value
     return os.path.normpath(os.path.join(base_dir, value))

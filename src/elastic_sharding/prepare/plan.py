@@ -78,6 +78,7 @@ def make_plan(
     stats: list[os.stat_result],
     units: list[list[list[int | None]]],
     recipe_base: Path,
+    input_format: str = "jsonl",
 ) -> PreparePlan:
     sizes = [st.st_size for st in stats]
     mtimes = [st.st_mtime_ns for st in stats]
@@ -103,6 +104,7 @@ def make_plan(
         "media_keys": list(recipe.media_keys),
         "warnings": list(recipe.warnings),
         "segments": [dataclasses.asdict(segment) for segment in recipe.segments],
+        "input_format": input_format,
     }
     settings = request.settings
     key_source = orjson.dumps(
@@ -127,6 +129,7 @@ def make_plan(
         recipe_text=recipe_bytes.decode(),
         recipe_base=str(recipe_base),
         shards_per_write=shards_per_write(sum(sizes), request.num_shards, unit_bytes),
+        input_format=input_format,
     )
 
 

@@ -25,7 +25,8 @@ from typing import Any, BinaryIO
 from elastic_sharding.errors import InputError
 
 COMPRESSED_SUFFIXES = {".jsonl.gz": "gzip", ".jsonl.zst": "zstd"}
-INPUT_SUFFIXES = (".jsonl", *COMPRESSED_SUFFIXES)
+INPUT_SUFFIXES = (".jsonl", *COMPRESSED_SUFFIXES, ".parquet")
+INPUT_KINDS = ".jsonl, .jsonl.gz, .jsonl.zst or .parquet"
 _ZSTD_FEED = 128 << 10
 
 Update = Callable[[bytes], Any] | None

@@ -27,13 +27,22 @@ from elastic_sharding.engine import engine_identity
 from elastic_sharding.errors import InputError, JobStateError, RecipeError, UsageError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import WRITE, PrepareDir, unit_names, write_range
-from elastic_sharding.prepare.fingerprints import sha256_concatenated
+from elastic_sharding.prepare.fingerprints import sha256_concatenated, sha256_range
 from elastic_sharding.prepare.inputs import relpath, stat_input
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE, HashingLineReader, Offload, parse_object
 from elastic_sharding.prepare.normalize import RowNormalizer, SchemaNode
+from elastic_sharding.prepare.parquet import (
+    ParquetShardWriter,
+    Segment,
+    check_media_columns,
+    cut_row_groups,
+    load_schema,
+    read_footer,
+    schema_difference,
+)
 from elastic_sharding.prepare.recipe import load_recipe
 from elastic_sharding.prepare.scan import digits, read_blob, scan_pieces, unit_blob
-from elastic_sharding.prepare.shard_writer import ShardLineTooLong, ShardWriter
+from elastic_sharding.prepare.shard_writer import HashingOutput, ShardLineTooLong, ShardWriter
 from elastic_sharding.records import (
     ROW_KEY,
     InputFile,
@@ -86,6 +95,8 @@ class UnitWork:
     # ---- scan -------------------------------------------------------------------------------
 
     def scan(self, index: int) -> bytes:
+        if self.plan.input_format == "parquet":
+            return self._scan_parquet(index)
         host, pid = socket.gethostname(), os.getpid()
         normalizer = self._normalizer()
         try:
@@ -99,12 +110,36 @@ class UnitWork:
         )
         return encode(record)
 
+    def _scan_parquet(self, index: int) -> bytes:
+        """Footers only, and the sha256 of the unit's byte ranges (the files' fingerprints)."""
+        host, pid = socket.gethostname(), os.getpid()
+        pieces, footers = [], []
+        try:
+            for file, start, end in self.plan.units[index]:
+                path = self.files[file]
+                size = self.plan.sizes[file]
+                digest = sha256_range(path, start, None if end is None else end - start)
+                rows = 0
+                if start == 0:
+                    footer = read_footer(path, size, (ROW_KEY,))
+                    check_media_columns(load_schema(footer.schema), self.plan.media_keys, self.plan.index_key, path)
+                    footers.append([file, footer.schema, footer.groups])
+                    rows = sum(g[0] for g in footer.groups)
+                pieces.append([start, rows, digest])
+        except InputError as exc:
+            return encode(ScanResult(index, host, pid, False, str(exc), 0, 0, 0, [], []))
+        rows = sum(p[1] for p in pieces)
+        weight = sum(g[1] for f in footers for g in f[2])
+        return encode(ScanResult(index, host, pid, True, None, rows, weight, 0, pieces, [], footers))
+
     # ---- cut --------------------------------------------------------------------------------
 
     def cut(self) -> bytes:
         """Merge the scans in order into the one-pass schema (re-scanning the first unit that
         failed or contradicts the ones before it, to raise exactly the one-pass error), fix the
         weights of added indices, and place the shard boundaries by the one-pass rule."""
+        if self.plan.input_format == "parquet":
+            return self._cut_parquet()
         import numpy as np
 
         plan = self.plan
@@ -165,6 +200,40 @@ class UnitWork:
             end = firsts[k + 1] if k + 1 < len(firsts) else rows
             shards.append(ShardCut(first, end - first, _segments(first, end, unit_first, results)))
         return encode(PrepareCuts(rows, total_weight, schema.flatten(), warnings, shards, piece_lines, piece_offsets))
+
+    def _cut_parquet(self) -> bytes:
+        """Every file's schema must be the first file's; shards are cut from the row groups."""
+        plan = self.plan
+        footers: dict[int, list[Any]] = {}
+        for index in range(len(plan.units)):
+            result = self._scan_result(index)
+            if not result.ok:
+                raise InputError(result.error or "the input changed while prepare was reading it; rerun prepare")
+            for file, schema, groups in result.footers:
+                footers[file] = [schema, groups]
+        first = load_schema(footers[0][0])
+        groups = []
+        for file in range(len(self.files)):
+            schema, file_groups = footers[file]
+            why = schema_difference(first, load_schema(schema)) if schema != footers[0][0] else None
+            if why is not None:
+                raise InputError(
+                    f"its schema differs from {self.files[0]}'s: {why}; every Parquet file of one input must have the same "
+                    "columns and types (rewrite it to that schema, or prepare it as its own job)",
+                    self.files[file],
+                )
+            groups.extend((file, g, rows, size) for g, (rows, size) in enumerate(file_groups))
+        rows = sum(g[2] for g in groups)
+        if rows == 0:
+            raise InputError("the input has no rows", Path(plan.manifest["dataset_root"]))
+        shards = []
+        first_row = 0
+        for segments in cut_row_groups(groups, plan.num_shards):
+            count = sum(seg.rows for seg in segments)
+            shards.append(ShardCut(first_row, count, [list(seg) for seg in segments]))
+            first_row += count
+        weight = sum(g[3] for g in groups)
+        return encode(PrepareCuts(rows, weight, [], [], shards, [], []))
 
     def _rescan(self, index: int, schema: SchemaNode, first_row: int, lines: list[int]) -> None:
         with Offload() as offload:
@@ -232,6 +301,8 @@ class UnitWork:
     def write(self, unit: int) -> bytes:
         """Pass two for the shards of write unit `unit`."""
         cuts = self._cuts()
+        if self.plan.input_format == "parquet":
+            return self._write_parquet(unit, cuts)
         shape = SchemaNode.unflatten(cuts.schema).shaper() or (lambda row: row)
         normalize = self._normalizer().normalize
         blobs: dict[int, Any] = {}
@@ -240,9 +311,17 @@ class UnitWork:
             with Offload() as offload:
                 for index in write_range(self.plan, unit):
                     written.append(self._write_shard(index, cuts, shape, normalize, blobs, offload))
-            # Synced and published together, the fsyncs in parallel: a journaling filesystem
-            # commits concurrent syncs together and a NAS client pipelines them, so a unit of many
-            # tiny shards costs a few syncs' time, not one each.
+        except BaseException:
+            for _, writer in written:
+                writer.abort()
+            raise
+        return self._commit(written)
+
+    def _commit(self, written: list[tuple[ShardWritten, Any]]) -> bytes:
+        # Synced and published together, the fsyncs in parallel: a journaling filesystem
+        # commits concurrent syncs together and a NAS client pipelines them, so a unit of many
+        # tiny shards costs a few syncs' time, not one each.
+        try:
             with ThreadPoolExecutor(min(COMMIT_THREADS, len(written)), thread_name_prefix="elastic-sync") as pool:
                 for done in [pool.submit(writer.commit, False) for _, writer in written]:
                     done.result()
@@ -252,6 +331,50 @@ class UnitWork:
             raise
         fsops.fsync_dir(self.stage.shards_dir)  # once for the unit's shards, before its result
         return encode(WriteDone(socket.gethostname(), os.getpid(), [shard for shard, _ in written]))
+
+    def _write_parquet(self, unit: int, cuts: PrepareCuts) -> bytes:
+        """Pass two for the Parquet shards of write unit `unit`: their row groups re-read, shaped
+        and written as Parquet (`prepare.parquet`)."""
+        plan = self.plan
+        source = ParquetShardWriter(self.files, plan.base, plan.media_keys, plan.index_key, ROW_KEY)
+        groups = {}
+        written: list[tuple[ShardWritten, Any]] = []
+        try:
+            for index in write_range(plan, unit):
+                cut = cuts.shards[index]
+                tables = []
+                row = cut.first_row
+                for file, group, first, rows in cut.segments:
+                    if file not in groups:
+                        stat_input(self.files[file])
+                        groups[file] = self._footer_rows(file)
+                    table = source.read(Segment(file, group, first, rows), groups[file][group])
+                    tables.append(source.shape(table, row))
+                    row += rows
+                shard_id = shard_id_for(index, plan.num_shards)
+                out = HashingOutput(self.stage.shards_dir / f"{shard_id}.parquet")
+                try:
+                    source.write(out, tables)
+                except BaseException:
+                    out.abort()
+                    raise
+                written.append((ShardWritten(index, cut.rows, out.bytes, out.sha.hexdigest()), out))
+        except BaseException:
+            for _, writer in written:
+                writer.abort()
+            raise
+        finally:
+            source.close()
+        return self._commit(written)
+
+    def _footer_rows(self, file: int) -> list[int]:
+        """The row counts of `file`'s row groups, as its scan unit read them from the footer."""
+        for index, pieces in enumerate(self.plan.units):
+            if any(f == file and start == 0 for f, start, _ in pieces):
+                for f, _, groups in self._scan_result(index).footers:
+                    if f == file:
+                        return [rows for rows, _ in groups]
+        raise JobStateError(f"{self.pdir.units}: no scan unit read the footer of {self.files[file]}; prepare a new --job-dir")
 
     def _write_shard(
         self, index: int, cuts: PrepareCuts, shape: Any, normalize: Any, blobs: dict[int, Any], offload: Offload
@@ -388,10 +511,9 @@ class UnitWork:
         specs = []
         for k, (cut, written) in enumerate(zip(cuts.shards, shards_written)):
             shard_id = shard_id_for(k, plan.num_shards)
-            specs.append(
-                ShardSpec(shard_id, k, f"shards/{shard_id}.jsonl", cut.first_row, written.rows, written.bytes, written.sha256)
-            )
-        normalized = sha256_concatenated([self.stage.shards_dir / f"{s.shard_id}.jsonl" for s in specs])
+            name = f"shards/{shard_id}.{'parquet' if plan.input_format == 'parquet' else 'jsonl'}"
+            specs.append(ShardSpec(shard_id, k, name, cut.first_row, written.rows, written.bytes, written.sha256))
+        normalized = sha256_concatenated([self.stage.base / s.path for s in specs])
         layout = self.stage
         for sub in (*layout.skeleton, layout.cache_dir):
             fsops.ensure_dir(sub)

@@ -104,6 +104,8 @@ class Manifest:
     segments: list[SegmentSpec] = field(default_factory=list)
     # The packages the operators import; empty in a job prepared before they were recorded.
     packages: list[PackageRecord] = field(default_factory=list)
+    # "parquet": the inputs are Parquet files and the shards are Parquet files of their row groups.
+    input_format: str = "jsonl"
 
     def shard(self, shard_id: str) -> ShardSpec:
         """The spec of `shard_id`, found by the index its id names (no scan of 20,000 specs)."""

@@ -31,6 +31,7 @@ class PreparePlan:
     recipe_text: str
     recipe_base: str  # where the recipe's relative paths resolve from, for its `recipe` unit
     shards_per_write: int = 1  # shards one write unit writes (several where shards are tiny)
+    input_format: str = "jsonl"  # or "parquet": every input file is one or the other
 
 
 @dataclass
@@ -64,13 +65,17 @@ class ScanResult:
     added_keys: int
     pieces: list[list[Any]]  # per piece: [first line offset, lines, sha256 of its bytes]
     schema: list[list[Any]]  # flattened SchemaNode tree, origins as "<piece>:<line>"
+    # Parquet input: per file whose footer the unit read, [file, schema, [[rows, bytes], ...]].
+    footers: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
 class ShardCut:
     first_row: int
     rows: int
-    segments: list[list[int]]  # [unit, piece, first row in the unit, first row in the piece, rows]
+    # [unit, piece, first row in the unit, first row in the piece, rows]; for Parquet input
+    # [file, row group, first row in the row group, rows].
+    segments: list[list[int]]
 
 
 @dataclass

@@ -270,7 +270,7 @@ class AttemptSteps:
 
     def _check_input(self, ctx: AttemptContext, spec: ShardSpec) -> None:
         ctx.set_phase(Phase.VERIFYING_INPUT)
-        shard_path = self.layout.shard_input(spec.shard_id)
+        shard_path = self.layout.shard_input(spec.shard_id, Path(spec.path).suffix)
         try:
             digest = sha256_file(shard_path)
         except OSError as exc:
