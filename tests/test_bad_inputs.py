@@ -240,24 +240,24 @@ def _dir(root: Path, files: dict[str, bytes]) -> Path:
 
 # name -> (build the dataset under tmp_path, expected error). Each runs with --dataset-path.
 DATASET_CASES = {
-    "not a .jsonl file": (lambda t: _dir(t, {"notes.txt": GOOD}) / "notes.txt", r"notes.txt: not a .jsonl file"),
-    "a JSON array file": (lambda t: _dir(t, {"d.json": b"[{}]"}) / "d.json", r"d.json: not a .jsonl file"),
+    "not a .jsonl file": (lambda t: _dir(t, {"notes.txt": GOOD}) / "notes.txt", r"notes.txt: not an input file"),
+    "a JSON array file": (lambda t: _dir(t, {"d.json": b"[{}]"}) / "d.json", r"d.json: not an input file"),
     "truncated gzip": (
         lambda t: _dir(t, {"d.jsonl.gz": b"\x1f\x8b"}) / "d.jsonl.gz",
         r"d.jsonl.gz:1: the gzip stream is truncated",
     ),
     "other compression": (
         lambda t: _dir(t, {"d.jsonl.bz2": b"BZh"}) / "d.jsonl.bz2",
-        r"d.jsonl.bz2: not a .jsonl file.*\.jsonl\.zst",
+        r"d.jsonl.bz2: not an input file.*\.jsonl\.zst",
     ),
     "missing": (lambda t: t / "missing.jsonl", r"missing.jsonl: cannot access dataset: No such file or directory"),
-    "empty directory": (lambda t: _dir(t / "empty", {}), r"empty: directory contains no .jsonl files"),
+    "empty directory": (lambda t: _dir(t / "empty", {}), r"empty: directory contains no input files"),
     "directory without .jsonl files": (
         lambda t: _dir(t / "data", {"a.json": GOOD, "b.txt": GOOD}),
         r"data: directory contains no",
     ),
     "directory of empty files": (lambda t: _dir(t / "data", {"a.jsonl": b"", "b/c.jsonl": b""}), r"data: the input has no rows"),
-    "a .jsonl that is an empty directory": (lambda t: _dir(t / "x.jsonl", {}), r"x.jsonl: directory contains no .jsonl files"),
+    "a .jsonl that is an empty directory": (lambda t: _dir(t / "x.jsonl", {}), r"x.jsonl: directory contains no input files"),
     "a FIFO named x.jsonl": (lambda t: _fifo(t / "x.jsonl"), r"x.jsonl: not a regular file or directory but a FIFO"),
     "a FIFO in a directory": (
         lambda t: _fifo(_dir(t / "data", {"a.jsonl": GOOD}) / "b.jsonl").parent,
