@@ -133,6 +133,7 @@ def test_two_node_wrapper_runs_the_strict_two_node_job(tmp_path, demo_baseline):
     assert "PASS: 4 shards were completed by 2 node(s)" in verify.stderr
 
 
+@exhaustive_only  # CI: test_parquet_e2e.py runs `local` with two real workers, a new --output directory and a rerun
 def test_local_mode_runs_a_whole_job_with_worker_processes(tmp_path, demo_baseline):
     job = tmp_path / "local-job"
     out = tmp_path / "out" / "new" / "result.jsonl"  # --output's directories are created

@@ -12,6 +12,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 from support.e2e_support import (
     DEMO_DATA,
     DEMO_RECIPE,
@@ -58,19 +59,45 @@ def parquet_demo(tmp_path_factory) -> tuple[Path, list[bytes]]:
 
 
 def test_local_parquet_job_equals_dj_process(tmp_path, parquet_demo):
+    """Also `local`'s own contract with two worker processes (CI's only real run of it): both
+    take shards, --output's directories are created, and a rerun finds the verified merge."""
     data, baseline = parquet_demo
-    job, out = tmp_path / "job", tmp_path / "merged.jsonl"
-    shard_job(
+    job, out = tmp_path / "job", tmp_path / "out" / "new" / "merged.jsonl"
+    args = (
         "local", "--config", str(DEMO_RECIPE), "--dataset-path", str(data), "--job-dir", str(job),
-        "--num-shards", "4", "--workers", "1", "--output", str(out),
+        "--num-shards", "4", "--workers", "2", "--output", str(out),
     )  # fmt: skip
+    proc = shard_job(*args)
+    assert "PASS: 4 shards were completed by 1 node(s)" in proc.stderr
+    workers = {line.split("elastic-shard[")[1].split("]")[0] for line in proc.stderr.splitlines() if "] INFO done part-" in line}
+    assert len(workers) == 2
     assert out.read_bytes().splitlines(keepends=True) == baseline
+    assert "already this job's verified merge" in shard_job(*args).stderr
     manifest = json.loads((job / "manifest.json").read_bytes())
     assert manifest["input_format"] == "parquet"
     assert [s["path"].endswith(".parquet") for s in manifest["shards"]] == [True] * 4
     first = orjson.loads(baseline[0])
     assert isinstance(first["when"], int) and first["raw"] == "AB"  # what Data-Juicer's export makes of them
-    shard_job("verify", "--job-dir", str(job), "--output", str(out))
+    check_every_output_format(job, tmp_path, out)
+
+
+def check_every_output_format(job: Path, tmp_path: Path, jsonl: Path) -> None:
+    """The finished job merged again as zstd JSONL and as Parquet, one file and a directory of
+    parts: the same rows, and each passes `verify` (which checks the latest merge)."""
+    zst = tmp_path / "formats" / "merged.jsonl.zst"
+    shard_job("merge", "--job-dir", str(job), "--output", str(zst))
+    assert zstandard.ZstdDecompressor().stream_reader(zst.open("rb")).read() == jsonl.read_bytes()
+    shard_job("verify", "--job-dir", str(job), "--output", str(zst))
+    single = tmp_path / "formats" / "merged.parquet"
+    shard_job("merge", "--job-dir", str(job), "--output", str(single))
+    table = pq.read_table(single)
+    assert table.to_pylist() == [orjson.loads(line) for line in jsonl.read_bytes().splitlines()]
+    shard_job("verify", "--job-dir", str(job), "--output", str(single))
+    parts = tmp_path / "formats" / "parts"
+    shard_job("merge", "--job-dir", str(job), "--output", f"{parts}/", "--output-format", "parquet")
+    files = sorted(parts.glob("*.parquet"))
+    assert len(files) == 4 and pa.concat_tables(pq.read_table(f) for f in files).equals(table)
+    shard_job("verify", "--job-dir", str(job), "--output", str(parts))
 
 
 @needs_unshare

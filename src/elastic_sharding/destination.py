@@ -6,8 +6,9 @@ job is started, so a place that cannot take the file (permission denied, a file 
 read-only mount) fails in one line before work is spent, and leaves nothing behind.
 
 `merge` and the launchers also publish a directory (an `--output` ending in `/`, or an existing
-directory): one JSONL per shard plus the index `INDEX_NAME`, built in a hidden staging directory
-beside it and renamed into place whole, so no reader sees a half-made one.
+directory): one file per shard (JSONL, or another of `output_formats`) plus the index
+`INDEX_NAME`, built in a hidden staging directory beside it and renamed into place whole, so no
+reader sees a half-made one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import NoReturn
 from elastic_sharding import confined, fsops
 from elastic_sharding.errors import JobStateError, UsageError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.records import SHARD_ID_RE, PublishRecord, load
+from elastic_sharding.output_formats import JSONL, is_part_name
+from elastic_sharding.records import PublishRecord, load
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +59,6 @@ def _job_part(output: Path, layout: JobLayout) -> str | None:
     except ValueError:
         return None
     return relative.parts[0] if relative.parts else ""
-
-
-def part_name(shard_id: str) -> str:
-    """A shard's file in a directory output: names sort in manifest order, as shard ids do."""
-    return f"{shard_id}.jsonl"
 
 
 def output_form(output: Path | str, directory: bool | None = None) -> tuple[Path, bool]:
@@ -152,7 +149,7 @@ def published(output: Path, directory: bool) -> bool:
     return confined.lexists(output)
 
 
-def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = False) -> None:
+def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = False, output_format: str = JSONL) -> None:
     """A launcher keeps an existing output only if it is this job's merge: refuse any other file
     now, before the run, not after it. "This job's merge" is judged cheaply here (merge.json
     names it, in the same form, with its size or its index); finalize verifies it byte for byte.
@@ -171,6 +168,8 @@ def refuse_foreign_output(output: Path, layout: JobLayout, directory: bool = Fal
             why = f"this job was merged into {record.output}"
         elif record.form != form:
             why = f"this job's merge there is a {record.form}, not a {form}"
+        elif record.output_format != output_format:
+            why = f"this job's merge there is {record.output_format}, not {output_format}"
         elif directory and not confined.lexists(output / INDEX_NAME):
             why = f"it has no {INDEX_NAME}"
         elif not directory and os.stat(output).st_size != record.bytes:
@@ -195,9 +194,7 @@ def refuse_existing_directory(output: Path, overwrite: bool) -> None:
         raise UsageError(f"{output} already exists and is not empty; pass --overwrite to replace it")
     entries = confined.list_dir(output)
     foreign = sorted(
-        name
-        for name, found in entries.items()
-        if name != INDEX_NAME and not (found == "file" and name.endswith(".jsonl") and SHARD_ID_RE.match(name[: -len(".jsonl")]))
+        name for name, found in entries.items() if name != INDEX_NAME and not (found == "file" and is_part_name(name))
     )
     if INDEX_NAME not in entries or foreign:
         what = f"holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''}" if foreign else f"has no {INDEX_NAME}"

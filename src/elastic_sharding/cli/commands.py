@@ -37,6 +37,7 @@ def _job_request(args: argparse.Namespace):  # -> launch.steps.JobRequest
         output,
         args.quiet,
         output_dir=directory,
+        output_format=args.output_format,
         prepare_procs=args.prepare_procs,
         install_missing=args.install_missing,
     )
@@ -170,7 +171,14 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
     from elastic_sharding.finish.merge import merge
 
-    record = merge(args.job_dir, args.output, args.overwrite, args.lock_timeout_secs, quiet=args.quiet or args.json)
+    record = merge(
+        args.job_dir,
+        args.output,
+        args.overwrite,
+        args.lock_timeout_secs,
+        quiet=args.quiet or args.json,
+        output_format=args.output_format,
+    )
     if args.json:
         _emit_json(dataclasses.asdict(record))
     return EXIT_OK
@@ -183,7 +191,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     message = f"PASS: {result.shards} shards were completed by {len(result.hosts)} node(s): {', '.join(result.hosts)}"
     if result.output_checked is not None:
         what = " (every file and the index)" if result.form == "directory" else ""
-        message += f"; {result.output_checked}{what} matches merge.json"
+        message += f"; {result.output_checked}{what} ({result.output_format}) matches merge.json"
     logging.getLogger("elastic_sharding").info("%s", message)
     if args.json:
         _emit_json(
@@ -193,6 +201,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 "hosts": result.hosts,
                 "output": str(result.output_checked) if result.output_checked else None,
                 "form": result.form,
+                "output_format": result.output_format,
             }
         )
     return EXIT_OK

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from elastic_sharding import settings
+from elastic_sharding.output_formats import FORMATS
 from elastic_sharding.work.runners import DEFAULT_RUNNER, RUNNERS
 
 DEFAULT_WATCH_SECS = 2.0
@@ -84,13 +85,24 @@ def _add_quiet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr (shown on a terminal by default)")
 
 
+def _add_output_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output-format",
+        choices=FORMATS,
+        help="what the output holds: jsonl, jsonl.zst (zstd-compressed JSONL) or parquet (default: the --output file's "
+        "suffix, .jsonl.zst or .zst, .parquet, else jsonl; a directory output: jsonl); a flag the suffix contradicts is refused",
+    )
+
+
 def _add_launcher(parser: argparse.ArgumentParser) -> None:
     _add_job_request(parser, config_required=False, launcher=True)
     parser.add_argument(
         "--output",
-        help="final merged JSONL (default <job-dir>/merged.jsonl), or a directory (ending in /, or existing) to publish one "
-        "JSONL per shard plus an index; missing directories are created before anything starts",
+        help="final merged file (default <job-dir>/merged.jsonl, or merged.jsonl.zst / merged.parquet with --output-format), "
+        "or a directory (ending in /, or existing) to publish one file per shard plus an index; missing directories are "
+        "created before anything starts",
     )
+    _add_output_format(parser)
     _add_runner(parser)
     _add_quiet(parser)
 
@@ -303,9 +315,10 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
         p.add_argument(
             "--output",
             required=True,
-            help="final JSONL path, or a directory (ending in /, or existing): one JSONL per shard in manifest order plus "
-            "an index, hard-linked where possible; missing directories are created",
+            help="final merged file, or a directory (ending in /, or existing): one file per shard in manifest order plus "
+            "an index (JSONL parts hard-linked where possible); missing directories are created",
         )
+        _add_output_format(p)
         p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")
         p.add_argument(
             "--overwrite", action="store_true", help="replace an existing output (a directory only if it is an earlier merge's)"
@@ -317,7 +330,8 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
     _add_job_dir(p)
     p.add_argument(
         "--output",
-        help="merged file, or directory output, to check against merge.json (default <job-dir>/merged.jsonl if present)",
+        help="merged file, or directory output, to check against merge.json (default: <job-dir>/merged.jsonl, or the "
+        "merged.jsonl.zst / merged.parquet merge.json names, if present)",
     )
     p.add_argument(
         "--expect-nodes", type=_positive_int, default=1, help="minimum distinct completion hostnames (default %(default)s)"

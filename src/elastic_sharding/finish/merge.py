@@ -1,5 +1,6 @@
 """merge: revalidate every published shard output and publish them in manifest order, as one
-merged JSONL file or as a directory of one JSONL per shard.
+merged file or as a directory of one file per shard, in JSONL or (converted as they are read and
+proven, `converted.py`) zstd-compressed JSONL or Parquet.
 
 A file is built under a temporary name with `copy_file_range` at offsets known from the completion
 records (one thread per shard, bounded by the CPUs; each range's writeback started as soon as it
@@ -8,10 +9,11 @@ is copied), fsynced, and then renamed (or, without
 directory beside the output (each shard output hard-linked, or copied where it cannot be), its
 index written last, and renamed into place. Either way no reader ever sees a partial merge.
 
-Every shard output is first proven to be its completion record's (`validate.py`). The sha256 of a
-merged file (for `merge.json`) covers every byte in order and so runs on
-one core; it is computed from the same read as the shards' own (see `parallel_copy.OrderedHasher`),
-overlapping the copies and the fsync.
+Every shard output is first proven to be its completion record's (`validate.py`; a conversion
+proves each on the very read it converts, `shard_reader.py`). The sha256 of a merged JSONL file
+(for `merge.json`) covers every byte in order and so runs on one core; it is computed from the
+same read as the shards' own (see `parallel_copy.OrderedHasher`), overlapping the copies and the
+fsync.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from elastic_sharding.destination import (
     check_target,
     make_staging_dir,
     output_form,
-    part_name,
     prepare_destination,
     publish_directory,
     refuse_existing_directory,
     remove_tree,
 )
 from elastic_sharding.errors import IntegrityError, UsageError, next_step
+from elastic_sharding.finish import converted
 from elastic_sharding.finish.parallel_copy import (
     COPY_CHUNK,
     Content,
@@ -70,11 +72,14 @@ from elastic_sharding.finish.validate import (
     sources_of,
 )
 from elastic_sharding.layout import JobLayout
+from elastic_sharding.output_formats import JSONL, PARQUET, choose_format, part_name
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
 from elastic_sharding.records import IndexEntry, MergeShard, OutputIndex, PublishRecord, encode
 
 log = logging.getLogger(__name__)
+
+PARQUET_PART_THREADS = 4  # converting rows holds the GIL: more threads would only hold more row groups in memory
 
 
 def merge(
@@ -85,14 +90,16 @@ def merge(
     *,
     quiet: bool = False,
     directory: bool | None = None,
+    output_format: str | None = None,
 ) -> PublishRecord:
     """Merge every shard output in manifest order into `output`, atomically; missing directories
     of `output` are created (and removed again if the merge fails).
 
     `output` is a directory output if `directory` says so or, with `directory` None, if it ends
-    in `/` or is an existing directory. `quiet` turns off the progress bar on stderr (drawn only
-    on a terminal)."""
-    return publish(job_dir, output, overwrite, lock_timeout, quiet=quiet, directory=directory)[0]
+    in `/` or is an existing directory. `output_format` (`output_formats.FORMATS`) defaults to
+    the one the file name says, else JSONL. `quiet` turns off the progress bar on stderr (drawn
+    only on a terminal)."""
+    return publish(job_dir, output, overwrite, lock_timeout, quiet=quiet, directory=directory, output_format=output_format)[0]
 
 
 def publish(
@@ -103,11 +110,14 @@ def publish(
     *,
     quiet: bool = False,
     directory: bool | None = None,
+    output_format: str | None = None,
 ) -> tuple[PublishRecord, Trusted]:
     """`merge`, also returning the published files that are shard outputs themselves (linked),
     whose bytes it has just checked: a verify right after it need not hash them again."""
     layout = JobLayout(Path(os.path.abspath(job_dir)))
+    named = output
     output, directory = output_form(output, directory)
+    fmt = choose_format(named, output_format, directory)
     output = check_target(output, layout, directory)
     if directory:
         refuse_existing_directory(output, overwrite)
@@ -122,17 +132,20 @@ def publish(
             ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-merge") as pool,
         ):
             sources = sources_of(shards, pool)
-            log.info("merging %d shard(s) into %s%s", len(sources), output, "/ (one file per shard)" if directory else "")
+            where = "/ (one file per shard)" if directory else ""
+            log.info("merging %d shard(s) into %s%s as %s", len(sources), output, where, fmt)
+            index = None
             if directory:
                 job_id = layout.load_manifest().job_id
-                sha256, index, trusted = _publish_directory(sources, output, overwrite, quiet, job_id, pool)
+                sha256, size, index, trusted = _publish_directory(sources, output, overwrite, quiet, job_id, pool, fmt)
+            elif fmt == JSONL:
+                sha256, size = _write_merged(sources, output, overwrite, quiet), sum(s.identity.size for s in sources)
             else:
-                sha256, index = _write_merged(sources, output, overwrite, quiet), None
+                sha256, size = converted.write_file(fmt, sources, output, overwrite, quiet)
     except BaseException:
         destination.discard()
         raise
     rows = sum(s.record.output_rows for s in sources)
-    size = sum(s.identity.size for s in sources)
     result = PublishRecord(
         output=str(output),
         rows=rows,
@@ -143,9 +156,10 @@ def publish(
         shards=[MergeShard(r.shard_id, r.attempt_id, r.output_rows, r.output_bytes, r.output_sha256) for r, _ in shards],
         form="directory" if directory else "file",
         index=str(index) if index is not None else None,
+        output_format=fmt,
     )
     fsops.replace_atomic(layout.merge_record, encode(result))
-    log.info("merged %d rows (%d bytes) into %s", rows, size, f"{output}/" if directory else output)
+    log.info("merged %d rows (%d bytes of %s) into %s", rows, size, fmt, f"{output}/" if directory else output)
     return result, trusted
 
 
@@ -282,38 +296,17 @@ def _raise_first_failure(
 
 
 def _publish_directory(
-    sources: list[Source], output: Path, overwrite: bool, quiet: bool, job_id: str, pool: ThreadPoolExecutor
-) -> tuple[str, Path, Trusted]:
-    """Link (or copy) every validated shard output into a staging directory beside `output`, write
-    the index last, and rename the directory into place; returns the index's sha256 and path,
-    and the linked files."""
-    block = BLOCK_SIZE
-    stop = threading.Event()
+    sources: list[Source], output: Path, overwrite: bool, quiet: bool, job_id: str, pool: ThreadPoolExecutor, fmt: str = JSONL
+) -> tuple[str, int, Path, Trusted]:
+    """Put every validated shard output (linked or copied; or converted to `fmt`) into a staging
+    directory beside `output`, write the index last, and rename the directory into place;
+    returns the index's sha256, the parts' bytes, the index's path and the linked files."""
     stage = make_staging_dir(output)
     try:
-        with LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
-
-            def place(source: Source) -> tuple[IndexEntry, bool]:
-                record = source.record
-                name = part_name(record.shard_id) if source.identity.size else None
-                linked = False
-                if name is None:
-                    check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file (an empty one trips up some readers)
-                else:
-                    check_digest(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
-                    try:
-                        linked = guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
-                    except DestinationError as exc:
-                        with fsops.reported_as(output / name, "copying the shard output into it"):
-                            raise exc.cause from None
-                    _reached_merging()
-                progress.update(source.identity.size, record.output_rows)
-                entry = IndexEntry(
-                    name, record.shard_id, record.attempt_id, record.output_rows, record.output_bytes, record.output_sha256
-                )
-                return entry, linked
-
-            placed = run_all(pool, place, sources, stop)
+        if fmt == JSONL:
+            placed = _link_parts(sources, output, stage, quiet, pool)
+        else:
+            placed = _convert_parts(sources, output, stage, quiet, fmt)
         entries = [entry for entry, _ in placed]
         index = OutputIndex(
             format=INDEX_FORMAT,
@@ -325,6 +318,7 @@ def _publish_directory(
             entries=entries,
             published_at=time.time(),
             host=socket.gethostname(),
+            output_format=fmt,
         )
         data = encode(index)
         fsops.replace_atomic(stage / INDEX_NAME, data)
@@ -334,10 +328,70 @@ def _publish_directory(
     except BaseException:
         remove_tree(stage)
         raise
-    log.info("%d of %d file(s) hard-linked to their shard output, %d copied", links, index.files, index.files - links)
+    if fmt == JSONL:
+        log.info("%d of %d file(s) hard-linked to their shard output, %d copied", links, index.files, index.files - links)
     trusted = {
         (s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.output_sha256)
         for s, (_, was_linked) in zip(sources, placed)
         if was_linked
     }
-    return hashlib.sha256(data).hexdigest(), output / INDEX_NAME, trusted
+    return hashlib.sha256(data).hexdigest(), index.bytes, output / INDEX_NAME, trusted
+
+
+def _entry(source: Source, name: str | None, size: int, sha256: str) -> IndexEntry:
+    record = source.record
+    return IndexEntry(name, record.shard_id, record.attempt_id, record.output_rows, size, sha256)
+
+
+def _link_parts(
+    sources: list[Source], output: Path, stage: Path, quiet: bool, pool: ThreadPoolExecutor
+) -> list[tuple[IndexEntry, bool]]:
+    """Every shard output hard-linked (or copied) into `stage` once its bytes are proven."""
+    block = BLOCK_SIZE
+    stop = threading.Event()
+    with LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
+
+        def place(source: Source) -> tuple[IndexEntry, bool]:
+            record = source.record
+            name = part_name(record.shard_id) if source.identity.size else None
+            linked = False
+            if name is None:
+                check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file (an empty one trips up some readers)
+            else:
+                check_digest(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
+                try:
+                    linked = guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
+                except DestinationError as exc:
+                    with fsops.reported_as(output / name, "copying the shard output into it"):
+                        raise exc.cause from None
+                _reached_merging()
+            progress.update(source.identity.size, record.output_rows)
+            return _entry(source, name, record.output_bytes, record.output_sha256), linked
+
+        return run_all(pool, place, sources, stop)
+
+
+def _convert_parts(sources: list[Source], output: Path, stage: Path, quiet: bool, fmt: str) -> list[tuple[IndexEntry, bool]]:
+    """Every shard output converted to a `fmt` part in `stage`, proven on the read it is converted
+    from; Parquet parts all get the schema of the whole output, so they read back as one table."""
+    stop = threading.Event()
+    schema = converted.schema_of(fmt, sources, quiet, stop)
+    threads = thread_count(len(sources))
+    if fmt == PARQUET:
+        threads = min(threads, PARQUET_PART_THREADS)
+    with (
+        LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress,
+        ThreadPoolExecutor(threads, thread_name_prefix="elastic-convert") as pool,
+    ):
+
+        def place(source: Source) -> tuple[IndexEntry, bool]:
+            name = part_name(source.record.shard_id, fmt) if source.identity.size else None
+            if name is None:
+                check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file, as for JSONL
+                return _entry(source, None, 0, EMPTY_SHA256), False
+            sha256, size = converted.write_part(fmt, source, stage / name, output / name, schema, stop)
+            _reached_merging()
+            progress.update(source.identity.size, source.record.output_rows)
+            return _entry(source, name, size, sha256), False
+
+        return run_all(pool, place, sources, stop)

@@ -273,7 +273,13 @@ class _Instance:
         if first_failure is not None:
             raise aborted(first_failure)
         log.info("%s", done.message)
-        details = {"shards": done.shards, "hosts": done.hosts, "output": str(done.output), "rows": done.rows}
+        details = {
+            "shards": done.shards,
+            "hosts": done.hosts,
+            "output": str(done.output),
+            "rows": done.rows,
+            "output_format": done.output_format,
+        }
         return done.message, details
 
 

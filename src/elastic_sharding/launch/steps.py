@@ -27,6 +27,7 @@ from elastic_sharding.finish.validate import completed_outputs, validate_outputs
 from elastic_sharding.finish.verify import check_hosts, verify_output
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.status import Status
+from elastic_sharding.output_formats import choose_format, default_output
 from elastic_sharding.prepare.job import PrepareRequest, preflight, prepare
 from elastic_sharding.prepare.recipe import recipe_and_base
 from elastic_sharding.records import Settings
@@ -47,6 +48,7 @@ class JobRequest:
     output: Path | None = None
     quiet: bool = False  # no progress bars on stderr (they are drawn only on a terminal anyway)
     output_dir: bool = False  # `--output` was written with a trailing `/`: publish a directory there
+    output_format: str | None = None  # `--output-format`; None: what the `--output` name says, else jsonl
     prepare_procs: int | None = None  # processes on this node that share the prepare (default: its cores)
     install_missing: bool = False  # install the packages the operators need and this node lacks, once
 
@@ -56,12 +58,19 @@ class JobRequest:
 
     @property
     def output_path(self) -> Path:
-        return Path(os.path.abspath(self.output)) if self.output is not None else self.layout.default_output
+        if self.output is None:
+            return default_output(self.layout, self.format)
+        return Path(os.path.abspath(self.output))
 
     @property
     def output_is_dir(self) -> bool:
         """A directory output: asked for with a trailing `/`, or `--output` is an existing directory."""
-        return self.output is not None and output_form(self.output_path, True if self.output_dir else None)[1]
+        return self.output is not None and output_form(Path(os.path.abspath(self.output)), True if self.output_dir else None)[1]
+
+    @property
+    def format(self) -> str:
+        """What the output holds (a UsageError if `--output-format` contradicts the `--output` name)."""
+        return choose_format(self.output, self.output_format, self.output_is_dir)
 
 
 def prepare_request(req: JobRequest) -> PrepareRequest:
@@ -76,11 +85,12 @@ def preflight_job(req: JobRequest) -> None:
     found only at the merge would waste the whole run. Its missing directories are created now
     and tried with a file, unless it lies in the job directory, which prepare creates and merge
     fills in; an existing file there that is not this job's merge is refused."""
+    output_format = req.format  # first: a contradicting --output-format is refused before anything
     preflight(prepare_request(req))
     layout = req.layout
     directory = req.output_is_dir
     output = check_target(req.output_path, layout, directory)
-    refuse_foreign_output(output, layout, directory)
+    refuse_foreign_output(output, layout, directory, output_format)
     if not inside_job(output, layout):
         prepare_destination(output, create_once=True, directory=directory)
 
@@ -115,12 +125,13 @@ class Finalized:
     hosts: list[str]
     output: Path
     rows: int
+    output_format: str = "jsonl"
 
     @property
     def message(self) -> str:
         return (
             f"PASS: {self.shards} shards were completed by {len(self.hosts)} node(s): {', '.join(self.hosts)}; "
-            f"{self.rows} rows in {self.output}"
+            f"{self.rows} rows in {self.output} ({self.output_format})"
         )
 
 
@@ -135,13 +146,14 @@ def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
     layout = req.layout
     output = req.output_path
     directory = req.output_is_dir
+    output_format = req.format
     shards = completed_outputs(layout)
     hosts = check_hosts(shards, expect_nodes)
     log.info("%d shards were completed by %d node(s): %s", len(shards), len(hosts), ", ".join(hosts))
     if published(output, directory):
         trusted = validate_outputs(shards, quiet=True)
         try:
-            record = verify_output(layout, output, directory, shards, trusted)
+            record = verify_output(layout, output, directory, shards, trusted, output_format)
         except ElasticShardError as exc:
             raise UsageError(
                 f"{output} already exists and is not this job's verified merge ({exc}); move it away or pass another --output"
@@ -150,13 +162,13 @@ def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
     else:
         trusted = {}
         try:
-            _, trusted = publish(layout.root, output, quiet=req.quiet, directory=directory)
+            _, trusted = publish(layout.root, output, quiet=req.quiet, directory=directory, output_format=output_format)
         except UsageError:
             if not published(output, directory):
                 raise
             log.info("%s appeared while merging (another coordinator); verifying it", output)
-        record = verify_output(layout, output, directory, shards, trusted)
-    return Finalized(len(shards), hosts, output, record.rows)
+        record = verify_output(layout, output, directory, shards, trusted, output_format)
+    return Finalized(len(shards), hosts, output, record.rows, record.output_format)
 
 
 def job_failure(status: Status, detail: list[str]) -> ElasticShardError:

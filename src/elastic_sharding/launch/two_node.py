@@ -8,8 +8,20 @@ from __future__ import annotations
 
 import os
 
+from elastic_sharding.output_formats import FORMATS, suffix
+
 GLOBAL_OPTIONS_WITH_VALUE = ("--log-level",)
+# Options that are the start of another one (`--output`, `--output-format`): argparse takes them
+# whole, never as that one's abbreviation.
+WHOLE_OPTIONS = ("--output",)
 OUTPUT_NAME = "two-node-merged.jsonl"
+
+
+def _output_name(output_format: str | None) -> str:
+    """The default output, with the suffix of `--output-format` (an unknown one is left to the parser)."""
+    if output_format not in FORMATS:
+        return OUTPUT_NAME
+    return OUTPUT_NAME.removesuffix(".jsonl") + suffix(output_format)
 
 
 def _split(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
@@ -29,6 +41,8 @@ def _split(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
 
 def _matches(token: str, flag: str) -> bool:
     name = token.split("=", 1)[0]
+    if name in WHOLE_OPTIONS:
+        return name == flag
     return name.startswith("--") and len(name) > 2 and flag.startswith(name)
 
 
@@ -57,13 +71,15 @@ def with_two_node_defaults(argv: list[str]) -> list[str]:
         if not _present(args, "--require-all-nodes"):
             added.append("--require-all-nodes")
         if not _present(args, "--output") and job_dir:
-            added += ["--output", os.path.join(job_dir, OUTPUT_NAME)]
+            added += ["--output", os.path.join(job_dir, _output_name(_value(args, "--output-format")))]
     elif command == "worker":
         if not _present(args, "--max-shards"):
             added += ["--max-shards", "2"]
     elif command == "verify":
         if not _present(args, "--expect-nodes"):
             added += ["--expect-nodes", "2"]
-        if not _present(args, "--output") and job_dir and os.path.exists(os.path.join(job_dir, OUTPUT_NAME)):
-            added += ["--output", os.path.join(job_dir, OUTPUT_NAME)]
+        existing = [os.path.join(job_dir, _output_name(f)) for f in FORMATS] if job_dir else []
+        existing = [path for path in existing if os.path.exists(path)]
+        if not _present(args, "--output") and existing:
+            added += ["--output", existing[0]]
     return head + [command] + args + added

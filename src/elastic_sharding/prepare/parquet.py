@@ -117,7 +117,10 @@ def check_media_columns(schema: Any, media_keys: Sequence[str], index_key: str |
         if key in schema.names:
             kind = schema.field(key).type
             lists = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-            if not (pa.types.is_null(kind) or (lists and (pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)))):
+            if not (
+                pa.types.is_null(kind)
+                or (lists and (pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)))
+            ):
                 raise InputError(f"column {key!r} must be a list of strings (it is {kind})", path)
     if index_key is not None and index_key in schema.names:
         kind = schema.field(index_key).type
@@ -239,7 +242,9 @@ class ParquetShardWriter:
                 column = table.column(key)
                 if column.null_count:
                     kind = column.type if pa.types.is_integer(column.type) else pa.int64()
-                    filled = [i if v is None else v for v, i in zip(column.to_pylist(), range(first_row, first_row + len(column)))]
+                    filled = [
+                        i if v is None else v for v, i in zip(column.to_pylist(), range(first_row, first_row + len(column)))
+                    ]
                     table = table.set_column(table.column_names.index(key), pa.field(key, kind), pa.array(filled, type=kind))
         return table.add_column(0, pa.field(self.row_key, pa.int64(), nullable=False), index)
 

@@ -27,17 +27,22 @@ class MergeRecord:
 
 @dataclass
 class PublishRecord(MergeRecord):
-    """`merge.json`: a MergeRecord that also says which form was published. `form` "file": one
-    merged JSONL at `output`, `sha256` is that file's. `form` "directory": one JSONL per shard in
-    the directory `output`, listed by its index file `index`, and `sha256` is the index file's."""
+    """`merge.json`: a MergeRecord that also says which form and format were published. `form`
+    "file": one merged file at `output`; `bytes` and `sha256` are that file's. `form` "directory":
+    one file per shard in the directory `output`, listed by its index file `index`, and `sha256`
+    is the index file's. `output_format` (jsonl, jsonl.zst, parquet; records written before
+    formats existed are jsonl) says what the file or the parts hold; `rows` is always the rows."""
 
     form: str = "file"  # file | directory
     index: str | None = None
+    output_format: str = "jsonl"
 
 
 @dataclass
 class IndexEntry:
-    """One shard of a directory output; `name` is None for a shard without rows (no file)."""
+    """One shard of a directory output; `name` is None for a shard without rows (no file).
+    `bytes` and `sha256` are the file's: for JSONL the shard output's own, for another format
+    the converted part's."""
 
     name: str | None
     shard_id: str
@@ -60,3 +65,4 @@ class OutputIndex:
     entries: list[IndexEntry]
     published_at: float
     host: str
+    output_format: str = "jsonl"  # what every part holds; indexes written before formats existed are jsonl

@@ -313,6 +313,7 @@ class AttemptSteps:
             finished_at=time.time(),
             error=error,
             setup_secs=ctx.setup_secs or None,
+            operators=operator_stats(ctx.operators),
             promoted=promoted,
             node_local=node_local,
         )

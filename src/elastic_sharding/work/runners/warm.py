@@ -250,7 +250,11 @@ class WarmRunner:
                     if entry.cancelled_at is not None:
                         del self._inflight[event["attempt"]]
             if event.get("operators"):
+                # The latest figures stay with every attempt in flight, so one that fails or is
+                # outrun records the instances (and model loads) its runtime had by then too.
                 for entry in self._inflight.values():
+                    if entry.result is None:
+                        entry.ctx.operators = event["operators"]
                     entry.ctx.note(operators=event["operators"])
 
     def _cancel_stopped(self, server: _Server) -> bool:
