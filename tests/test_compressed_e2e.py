@@ -8,10 +8,12 @@ import gzip
 import pytest
 import zstandard
 from support.e2e_support import DEMO_DATA, DEMO_RECIPE, shard_job
+from support.exhaustive import exhaustive_only
 
 pytestmark = pytest.mark.e2e
 
 
+@exhaustive_only  # CI: test_prepare.py and test_bad_inputs.py read compressed inputs into the same plain shards; test_parquet_e2e.py runs a non-JSONL input end to end
 def test_compressed_directory_input_merges_to_the_plain_run(tmp_path, demo_baseline):
     lines = DEMO_DATA.read_bytes().splitlines(keepends=True)
     third = len(lines) // 3

@@ -41,9 +41,10 @@ ALL_CASES = [
     _case("point", f"{point}@1", "final" if point == "prepare-staged" else point.split("-")[1]) for point in PREPARE_POINTS
 ]
 ALL_CASES += [_case("stop", "", phase, at_publish) for phase in PREPARE_PHASES for at_publish in (False, True)]
-# CI's bounded subset: each phase loses a participant once, killed at a unit's start or end or
-# frozen (alternating); ELASTIC_SHARD_EXHAUSTIVE=1 runs all 21 cases (CONTRIBUTING.md).
-SUBSET = [ALL_CASES[i] for i in (0, 3, 10)] + [ALL_CASES[11 + i] for i in (3, 4, 7)]
+# CI's bounded subset: a participant killed as it starts a scan unit, one killed with the job
+# staged but not published, one frozen holding a write unit (CI's fault-matrix test adds a random
+# prepare-kill trial); ELASTIC_SHARD_EXHAUSTIVE=1 runs all 21 cases (CONTRIBUTING.md).
+SUBSET = [ALL_CASES[0], ALL_CASES[10], ALL_CASES[15]]
 CASES = ALL_CASES if EXHAUSTIVE else SUBSET
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import orjson
 import pytest
 from support.e2e_support import SHARD_JOB, prepare_demo, prepare_job, processes_with, shard_job
+from support.exhaustive import exhaustive_only
 from support.jobs import TESTS, write_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -73,6 +74,7 @@ def test_warm_and_process_runners_give_identical_output_with_node_caps(tmp_path,
     assert _gone(str(ray_tmp))
 
 
+@exhaustive_only  # CI: the warm runtime's own Ray start is exercised by every e2e test; this is the `ray_address` branch
 def test_warm_runner_uses_an_existing_ray_head(tmp_path, demo_baseline, ray_tmp):
     ray_cli = Path(sys.executable).parent / "ray"
     port = 26379 + os.getpid() % 1000
