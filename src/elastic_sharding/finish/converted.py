@@ -9,7 +9,6 @@ temporary name committed at the end, a part inside the staging directory that is
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -22,37 +21,9 @@ from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.errors import UsageError
 from elastic_sharding.finish import parquet_output, zstd_output
 from elastic_sharding.finish.validate import Source
+from elastic_sharding.fsops import HashingSink
 from elastic_sharding.output_formats import JSONL_ZST, PARQUET
 from elastic_sharding.progress import Progress
-
-
-class HashingSink:
-    """A binary file object that hashes and counts what is written on to `file` (pyarrow and
-    zstandard both write through it); closing it leaves `file` to its owner."""
-
-    def __init__(self, file: BinaryIO):
-        self.file = file
-        self.digest = hashlib.sha256()
-        self.size = 0
-        self.closed = False
-
-    def write(self, data: bytes | memoryview) -> int:
-        self.file.write(data)
-        self.digest.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def schema_of(output_format: str, sources: list[Source], quiet: bool, stop: threading.Event | None = None) -> pa.Schema | None:

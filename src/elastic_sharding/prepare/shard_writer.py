@@ -74,35 +74,13 @@ def _write_block(out: fsops.AtomicOutput, data: bytes, sha: Any) -> None:
     sha.update(data)
 
 
-class HashingOutput:
-    """A binary file object over a create-once temporary file that hashes what it is given
-    (a Parquet shard is written by pyarrow through it): `commit`/`abort` as `ShardWriter`."""
-
-    closed = False
+class HashingOutput(fsops.HashingSink):
+    """A create-once temporary file that hashes what it is given (pyarrow writes a Parquet shard
+    through it): `commit`/`abort` as `ShardWriter`."""
 
     def __init__(self, path: Path):
         self.out = fsops.AtomicOutput(path, replace=False)
-        self.sha = hashlib.sha256()
-        self.bytes = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.out.write(view)
-        self.sha.update(view)
-        self.bytes += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.bytes
-
-    def writable(self) -> bool:
-        return True
-
-    def flush(self) -> None:
-        self.out.flush()
-
-    def close(self) -> None:
-        """pyarrow closes its sink when it is done; the file stays open until `commit`."""
+        super().__init__(self.out.file)
 
     def commit(self, sync_dir: bool = True) -> None:
         self.out.commit(sync_dir)

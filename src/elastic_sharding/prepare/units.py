@@ -358,7 +358,7 @@ class UnitWork:
                 except BaseException:
                     out.abort()
                     raise
-                written.append((ShardWritten(index, cut.rows, out.bytes, out.sha.hexdigest()), out))
+                written.append((ShardWritten(index, cut.rows, out.size, out.digest.hexdigest()), out))
         except BaseException:
             for _, writer in written:
                 writer.abort()
