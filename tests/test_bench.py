@@ -285,3 +285,45 @@ def test_tree_memory_finds_each_process_peak(tmp_path: Path) -> None:
     assert tree.peak_one(everything) >= 80 << 20 > tree.peak_one({tree.root_key})
     assert largest >= 80 << 20
     assert tree.peak_sum(everything) >= 80 << 20
+
+
+# -- bench/parquet.py: its input, its floor and its prepare row ------------------------------------
+
+
+def test_parquet_bench_input_floor_and_prepare_row(tmp_path: Path) -> None:
+    """The generated Parquet corpus is deterministic, cached, of several files and row groups and at
+    least the size asked; the floor reads every row group; the prepare row (no Ray) reports a ratio.
+    The `job` and `job_dir_*` rows start Ray runtimes and a `dj-process`: `bench/parquet.py --quick`."""
+    import parquet  # bench/parquet.py
+    import pyarrow.parquet as pq
+
+    size = 300_000
+    first = parquet.ensure_corpus(tmp_path / "a", size, row_group_mb=0.05)
+    again = parquet.ensure_corpus(tmp_path / "b", size, row_group_mb=0.05)
+    files = sorted(first.data.iterdir())
+    assert [f.read_bytes() for f in files] == [f.read_bytes() for f in sorted(again.data.iterdir())]
+    assert parquet.ensure_corpus(tmp_path / "a", size, row_group_mb=0.05).info == first.info  # cached
+    assert len(files) >= parquet.MIN_FILES and first.bytes == sum(f.stat().st_size for f in files) >= size
+    assert first.info["row_groups"] > len(files) and first.info["rows"] == sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    assert pq.read_schema(files[0]).names == ["id", "text", "url", "meta"]
+    assert pq.ParquetFile(files[0]).metadata.row_group(0).column(1).compression == "SNAPPY"
+    out = tmp_path / "floor.parquet"
+    cmd = [sys.executable, str(REPO / "bench" / "parquet.py"), "floor", str(first.data), str(out), "zstd"]
+    floor = json.loads(subprocess.run(cmd, capture_output=True, check=True, timeout=120).stdout)
+    assert (floor["rows"], floor["row_groups"], floor["files"]) == (first.info["rows"], first.info["row_groups"], len(files))
+    assert pq.read_table(out).equals(pq.read_table(first.data))
+    assert pq.ParquetFile(out).metadata.row_group(0).column(1).compression == "ZSTD"
+
+    report = tmp_path / "parquet.json"
+    args = [sys.executable, str(REPO / "bench" / "parquet.py"), "--only", "prepare", "--size-gb", str(size / 1e9),
+            "--row-group-mb", "0.05", "--shards", "4", "--repeats", "1", "--work-dir", str(tmp_path / "a"), "--json", str(report)]  # fmt: skip
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    result = json.loads(report.read_text())["results"]["prepare"]
+    assert result["error"] is None and isinstance(result["met"], bool), result
+    assert result["ratio"] > 0 and result["ours_secs"] > 0 and result["baseline_secs"] > 0
+    shards = result["details"]["prepared_shards"]
+    assert (shards["count"], shards["format"]) == (4, "parquet") and shards["bytes"] > 0
+    assert result["details"]["floor_read_every_row"] is True
+    assert any(line.startswith(result["label"]) for line in proc.stdout.splitlines())
+    assert not list((tmp_path / "a").glob("run-*"))  # the run directory is removed; the input stays cached
