@@ -3,11 +3,15 @@
 It behaves like Ray's exporter where it matters to the worker: it writes a directory of part
 files whose order is NOT the input order (rows inside a part stay in order), and it can be told
 to drop rows, fail, or take a while; and it can tell a waiting test that it started processing.
+A Parquet shard (a job prepared from Parquet input) is read with pyarrow and its rows are the
+lines Data-Juicer's Ray export writes for it (`parquet_lines`), byte for byte.
 """
 
 from __future__ import annotations
 
+import io
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +29,40 @@ def fake_recipe_keep(row: dict) -> bool:
 
 
 STEP_SECS = 0.01
+
+
+def parquet_lines(path: Path) -> list[bytes]:
+    """The JSON lines Data-Juicer's Ray export writes for the rows of the Parquet file `path`
+    (without their newlines), in order.
+
+    `RayExporter.write_json` calls `dataset.write_json(path, force_ascii=False)`, and Ray's
+    `JSONDatasink` writes each block as `block.to_pandas().to_json(file, orient="records",
+    lines=True, force_ascii=False)`; Ray 2.60's `ArrowBlockAccessor.to_pandas` converts with
+    `ignore_metadata=False` and Arrow-backed pandas dtypes (`_arrow_backed_pandas_dtype`, here
+    `_arrow_dtype`). Rows are written one per line, independently of the block they are in, so
+    the whole file as one block gives the same lines: floats to 10 decimal places, timestamps
+    as epoch milliseconds, structs as objects, nulls as null.
+    """
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    frame = table.to_pandas(ignore_metadata=False, types_mapper=_arrow_dtype)
+    out = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pandas' notice that its default date format will change
+        frame.to_json(out, orient="records", lines=True, force_ascii=False)
+    return out.getvalue().splitlines() if table.num_rows else []
+
+
+def _arrow_dtype(kind):
+    """Ray's `_arrow_backed_pandas_dtype`: standard Arrow types as `pd.ArrowDtype`, others as pandas'
+    default conversion makes them."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(kind, pa.BaseExtensionType) or pa.types.is_dictionary(kind) or pa.types.is_null(kind):
+        return None
+    return pd.ArrowDtype(kind)
 
 
 class FakeRunner:
@@ -80,11 +118,16 @@ class FakeRunner:
         if self.fail(ctx.shard_id):
             ctx.log_path.write_text("ValueError: fake operator failure\n")
             raise AttemptFailed("fake operator failure", node_local=self.node_local)
-        rows = [orjson.loads(line) for line in Path(config["dataset_path"]).read_bytes().splitlines()]
-        kept = [row for row in rows if self.keep(row)]
+        dataset = Path(config["dataset_path"])
+        if dataset.name.endswith(".parquet"):
+            # Exported as Data-Juicer exports it, and kept line for line as the export wrote it.
+            kept = [line for line in parquet_lines(dataset) if self.keep(orjson.loads(line))]
+        else:
+            rows = [orjson.loads(line) for line in dataset.read_bytes().splitlines()]
+            kept = [orjson.dumps(row) for row in rows if self.keep(row)]
         ctx.ray_output.mkdir()
         half = len(kept) // 2
         # Second half first, so part order disagrees with input order as Ray's often does.
         for name, chunk in (("a_000000.json", kept[half:]), ("b_000001.json", kept[:half])):
             if chunk:
-                (ctx.ray_output / name).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in chunk))
+                (ctx.ray_output / name).write_bytes(b"".join(line + b"\n" for line in chunk))

@@ -6,6 +6,10 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
   kill        SIGKILL a worker at a named crash point (probing, claimed, staged, processing,
               collecting, publishing, published) or at a random moment; sometimes restart it on
               its node (which removes the probe directory a worker killed mid-probe left)
+  parquet     as `kill`, on a job prepared from Parquet input (a directory of Parquet files of
+              several row groups, nested, null and timestamp fields; its shards Parquet files, which
+              the fake processor exports as Data-Juicer's Ray export does), one or two workers
+              killed; the merge must be the clean run of the same Parquet job, byte for byte
   kill-merge  SIGKILL `merge` while it writes; the previous output must be untouched
   stall       SIGSTOP a worker mid-shard for two leases, then SIGCONT: it must not publish
   partition   cut a node off the volume mid-shard, heal it later: it must not publish
@@ -46,7 +50,8 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
               random moment while it holds a unit of a chosen phase; sometimes it prepares alone
               and the same `prepare` is rerun. The survivors (or the rerun) exit 0 with the job a
-              clean single-process prepare writes, byte for byte; `.<job>.preparing` is gone
+              clean single-process prepare writes, byte for byte; `.<job>.preparing` is gone. One
+              trial in three prepares Parquet input (a directory of Parquet files) instead of JSONL
 
 After the fault the job is driven to its end the way a user would (surviving workers finish it,
 or the same command is rerun) and the merged output is compared with a clean single-worker run:
@@ -61,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -74,6 +80,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +94,7 @@ import orjson  # noqa: E402
 from elastic_sharding.finish.merge import merge  # noqa: E402
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
 from elastic_sharding.prepare.job import PrepareRequest, prepare  # noqa: E402
-from elastic_sharding.prepare.plan import UNIT_BYTES_ENV, write_units  # noqa: E402
+from elastic_sharding.prepare.plan import UNIT_BYTES_ENV, plan_units, write_units  # noqa: E402
 from elastic_sharding.records import Settings  # noqa: E402
 from elastic_sharding.work.worker import Worker, WorkerOptions  # noqa: E402
 from support.cluster import Cluster, Node, cluster_available  # noqa: E402
@@ -120,6 +127,7 @@ process:
 """
 KINDS = {
     "kill": 5,
+    "parquet": 2,
     "kill-merge": 1,
     "stall": 2,
     "partition": 2,
@@ -174,6 +182,14 @@ PREPARE_POINTS = (
     "prepare-staged",
 )
 PREPARE_PHASES = ("scan", "cut", "write", "recipe", "final")
+# One prepare-kill trial in three prepares Parquet input: PREPARE_ROWS rows in a directory of
+# Parquet files whose row groups have these many rows (file i: PREPARE_PARQUET_GROUPS[i]). About
+# the JSONL input's size in all (~240 KB), so the smaller unit sizes split every file into several
+# scan units, and at 24 shards there are fewer row groups than shards (the cut splits groups).
+PREPARE_PARQUET, PREPARE_PARQUET_GROUPS = 1 / 3, (60, 90, 150, 250)
+# The parquet kind's job: PARQUET_ROWS rows in files of row groups of PARQUET_GROUPS rows; 12
+# shards are more than its 8 row groups (shards of row ranges), the others runs of whole groups.
+PARQUET_ROWS, PARQUET_GROUPS, PARQUET_SHARDS = 180, (20, 25, 40), (3, 4, 6, 12)
 # A deduplication stage over a few shards of prose with planted duplicates: the simhash
 # operator as published, and a small minhash one whose chains take several rounds.
 DEDUP_ROWS, DEDUP_SHARDS, DEDUP_LEASE = 900, (3, 4, 6), 3.0
@@ -276,26 +292,39 @@ except OSError:
     out["files"] = []
 out["shards"], out["ids"] = {}, []
 for shard in out["files"]:
-    if shard.startswith("part-") and shard.endswith(".jsonl"):
+    if shard.startswith("part-") and shard.endswith((".jsonl", ".parquet")):
         with open(os.path.join(job, "shards", shard), "rb") as f:
             data = f.read()
         out["shards"][shard] = hashlib.sha256(data).hexdigest()
-        out["ids"] += [json.loads(line)["id"] for line in data.splitlines()]
+        if shard.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            out["ids"] += pq.read_table(os.path.join(job, "shards", shard), columns=["id"]).column("id").to_pylist()
+        else:
+            out["ids"] += [json.loads(line)["id"] for line in data.splitlines()]
 print(json.dumps(out))
 """
 
 
 @dataclass
 class PrepareReference:
-    """The input of the prepare-kill trials, its clean single-process prepares (one per shard
-    count, as PREPARE_INSPECT sees them) and the merge of a clean fake run over one of them."""
+    """The input of the prepare-kill trials (a JSONL file, or a directory of Parquet files), its
+    clean single-process prepares (one per shard count, as PREPARE_INSPECT sees them) and the
+    merge of a clean fake run over one of them."""
 
     data: Path
     recipe: Path
-    size: int
+    files: list[Path]  # the input files, in the order prepare reads them
+    sizes: list[int]
     jobs: dict[int, dict]
     merged: bytes
     expected_ids: list[int]
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes)
+
+    def scan_units(self, unit_bytes: int) -> int:
+        return len(plan_units(self.files, self.sizes, unit_bytes))
 
 
 @dataclass
@@ -328,6 +357,7 @@ class PrepareCase:
     # With "stop": resume the victim after two leases, or the moment another node sees the job
     # published (while the others remove the prepare directory it still has a view of).
     resume_at_publish: bool = False
+    parquet: bool = False  # the input is a directory of Parquet files, not a JSONL file
 
 
 @dataclass
@@ -361,15 +391,18 @@ class Harness:
         self.reference = references.pop()
         self.expected_ids = [orjson.loads(line)["id"] for line in self.reference.splitlines()]
         self._actor_template: Template | None = None
-        self._prepare_reference: PrepareReference | None = None
+        self._parquet_templates: dict[int, Template] = {}
+        self._prepare_references: dict[bool, PrepareReference] = {}
         self._dedup_expected: dict[int, list[int]] = {}
         self._dedup_jobs: dict[int, Template] = {}
         self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    def _template(self, shards: int, backup_after: float = 2.0, backup_min_secs: float = 10.0) -> Template:
-        job = self.workdir / f"template-{shards}"
+    def _template(
+        self, shards: int, backup_after: float = 2.0, backup_min_secs: float = 10.0, recipe: Path | None = None, tag: str = ""
+    ) -> Template:
+        job = self.workdir / f"{tag}template-{shards}"
         settings = Settings(
             lock_timeout_secs=LEASE,
             max_retries=6,
@@ -379,21 +412,37 @@ class Harness:
             backup_after=backup_after,
             backup_min_secs=backup_min_secs,
         )
-        prepare(PrepareRequest(self.recipe, None, job, shards, settings), quiet=True)
-        clean = self.workdir / f"clean-{shards}"
+        prepare(PrepareRequest(recipe or self.recipe, None, job, shards, settings), quiet=True)
+        clean = self.workdir / f"{tag}clean-{shards}"
         shutil.copytree(job, clean, symlinks=True)
         if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
             raise AssertionError("the clean reference run failed")
-        out = self.workdir / f"clean-{shards}.jsonl"
+        out = self.workdir / f"{tag}clean-{shards}.jsonl"
         merge(clean, out)
         return Template(shards, job, out.read_bytes())
 
     def node(self, index: int) -> Node:
         return self.cluster.nodes[index % len(self.cluster.nodes)]
 
-    def fresh_job(self, name: str, shards: int) -> Path:
+    def parquet_templates(self) -> dict[int, Template]:
+        """The parquet kind's jobs (built once): Parquet input of PARQUET_ROWS rows prepared per
+        shard count, each with its clean fake run; every shard count must merge the same."""
+        if not self._parquet_templates:
+            data = write_parquet_input(self.workdir / "parquet-input", parquet_rows(PARQUET_ROWS), PARQUET_GROUPS)
+            recipe = self.workdir / "parquet-recipe.yaml"
+            recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
+            templates = {n: self._template(n, recipe=recipe, tag="parquet-") for n in PARQUET_SHARDS}
+            if len({t.reference for t in templates.values()}) != 1:
+                raise AssertionError("clean runs of the Parquet job with different shard counts disagree")
+            self._parquet_templates = templates
+        return self._parquet_templates
+
+    def fresh_job(self, name: str, shards: int, templates: dict[int, Template] | None = None) -> Path:
         job = self.cluster.mount / name / "job"
-        template = self.slow_template if shards == SLOW_SHARDS else self.templates[shards]
+        if templates is not None:
+            template = templates[shards]
+        else:
+            template = self.slow_template if shards == SLOW_SHARDS else self.templates[shards]
         self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
         self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
         return job
@@ -556,10 +605,12 @@ class Harness:
         envs: dict[int, dict] | None = None,
         victim: int | None = None,
         shards: int | None = None,
+        templates: dict[int, Template] | None = None,
     ) -> tuple[Path, list[subprocess.Popen], dict | None]:
-        """A fresh job with a worker on every node. With `victim`, that worker starts first and the
-        others only once it is mid-shard, which is returned (its claim record and shard)."""
-        job = self.fresh_job(name, shards or rng.choice(list(self.templates)))
+        """A fresh job (of `templates`, or the JSONL ones) with a worker on every node. With
+        `victim`, that worker starts first and the others only once it is mid-shard, which is
+        returned (its claim record and shard)."""
+        job = self.fresh_job(name, shards or rng.choice(list(self.templates)), templates)
         envs = envs or {}
         workers: list[subprocess.Popen | None] = [None] * len(self.cluster.nodes)
         held = None
@@ -572,33 +623,79 @@ class Harness:
         return job, workers, held
 
     def trial_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
-        victim = rng.randrange(len(self.cluster.nodes))
+        return self._kill_trial("kill", name, log_dir, rng)
+
+    def trial_parquet(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """As `kill`, on a job prepared from Parquet input (its shards are Parquet files, exported
+        by the fake as Data-Juicer's Ray export does), and sometimes with two workers killed."""
+        templates = self.parquet_templates()
+        shards = rng.choice(list(templates))
+        victims = rng.choice((1, 1, 2))
+        outcome = self._kill_trial("parquet", name, log_dir, rng, templates, shards, victims)
+        outcome.counts["parquet_jobs"] += 1
+        return outcome
+
+    def _kill_trial(
+        self,
+        kind: str,
+        name: str,
+        log_dir: Path,
+        rng: random.Random,
+        templates: dict[int, Template] | None = None,
+        shards: int | None = None,
+        victims: int = 1,
+    ) -> Outcome:
+        """SIGKILL `victims` workers at crash points or at a random moment, sometimes restart them
+        on their nodes; the job (of `templates`, or the JSONL ones) must merge as its clean run."""
+        count = len(self.cluster.nodes)
+        victim = rng.randrange(count)
         delay = rng.uniform(0.3, 1.2)
+        prefix = "" if templates is None else f"x{shards}: "
         if rng.random() < 0.7:
-            point = rng.choice(CRASH_POINTS)
-            point += "@1" if point == "probing" else f"@{rng.choice((1, 1, 2))}"  # a worker probes once
-            outcome = Outcome("kill", f"worker {victim} at {point}")
-            job, workers, _ = self._start(name, log_dir, rng, delay, {victim: {"ELASTIC_SHARD_CRASH_AT": point}})
-            if wait(workers[victim], 120) == -signal.SIGKILL:
-                outcome.counts["kills"] += 1
+            points = {}
+            for v in [victim] + rng.sample([i for i in range(count) if i != victim], victims - 1):
+                point = rng.choice(CRASH_POINTS)
+                points[v] = point + ("@1" if point == "probing" else f"@{rng.choice((1, 1, 2))}")  # a worker probes once
+            detail = ", ".join(f"worker {v} at {point}" for v, point in points.items())
+            outcome = Outcome(kind, prefix + detail)
+            envs = {v: {"ELASTIC_SHARD_CRASH_AT": point} for v, point in points.items()}
+            job, workers, _ = self._start(name, log_dir, rng, delay, envs, shards=shards, templates=templates)
+            for v in points:
+                if wait(workers[v], 120) == -signal.SIGKILL:
+                    outcome.counts["kills"] += 1
         else:
             after = rng.uniform(0.2, 4.0)
-            outcome = Outcome("kill", f"worker {victim} after {after:.1f}s")
-            job, workers, _ = self._start(name, log_dir, rng, delay)
+            points = {v: "" for v in [victim] + rng.sample([i for i in range(count) if i != victim], victims - 1)}
+            outcome = Outcome(
+                kind, prefix + f"worker{'s' if victims > 1 else ''} {', '.join(map(str, points))} after {after:.1f}s"
+            )
+            job, workers, _ = self._start(name, log_dir, rng, delay, shards=shards, templates=templates)
             time.sleep(after)
-            if workers[victim].poll() is None:
-                workers[victim].kill()
-                outcome.counts["kills"] += 1
-            workers[victim].wait()
+            for v in points:
+                if workers[v].poll() is None:
+                    workers[v].kill()
+                    outcome.counts["kills"] += 1
+                workers[v].wait()
         restarted = rng.random() < 0.5
         if restarted:
-            outcome.counts["restarts"] += 1
-            workers[victim] = self.worker(self.node(victim), job, log_dir / "restarted.log", delay)
-        self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+            for v in points:
+                outcome.counts["restarts"] += 1
+                workers[v] = self.worker(self.node(v), job, log_dir / f"restarted-{v}.log", delay)
+        if templates is None:
+            self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
+        else:
+            reference = templates[shards].reference
+            self.compare_with = reference
+            try:
+                expected = [orjson.loads(line)["id"] for line in reference.splitlines()]
+                self.finish_and_compare(outcome, job, log_dir / "finish.log", workers, expected)
+            finally:
+                self.compare_with = None
         left = [name for name in self.node(0).run(["ls", "-A", str(job)]).stdout.split() if name.startswith(PROBE_PREFIX)]
         outcome.counts["probe_leftovers"] += len(left)  # a SIGKILL mid-probe cannot clean up
-        mine = f"{PROBE_PREFIX}{self.node(victim).name}."
-        outcome.check(not (restarted and any(name.startswith(mine) for name in left)), f"the restarted worker kept {left}")
+        for v in points if restarted else ():
+            mine = f"{PROBE_PREFIX}{self.node(v).name}."
+            outcome.check(not any(name.startswith(mine) for name in left), f"the restarted worker {v} kept {left}")
         return outcome
 
     def trial_kill_merge(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
@@ -942,12 +1039,21 @@ class Harness:
 
     # -- the cooperative prepare trials --------------------------------------------------------
 
-    def prepare_reference(self) -> PrepareReference:
-        """Built once: the input, a clean single-process prepare per shard count (on local disk,
-        in one scan unit) and the merge of a clean fake run over the first."""
-        if self._prepare_reference is None:
-            data = write_jsonl(self.workdir / "prepare-input.jsonl", prepare_rows(PREPARE_ROWS))
-            recipe = self.workdir / "prepare-recipe.yaml"
+    def prepare_reference(self, parquet: bool = False) -> PrepareReference:
+        """Built once per input format: the input (a JSONL file, or a directory of Parquet files),
+        a clean single-process prepare per shard count (on local disk, in one scan unit) and the
+        merge of a clean fake run over the first."""
+        if parquet not in self._prepare_references:
+            tag = "prepare-parquet" if parquet else "prepare"
+            if parquet:
+                data = write_parquet_input(
+                    self.workdir / "prepare-input-parquet", parquet_rows(PREPARE_ROWS), PREPARE_PARQUET_GROUPS
+                )
+                files = sorted(data.iterdir())
+            else:
+                data = write_jsonl(self.workdir / "prepare-input.jsonl", prepare_rows(PREPARE_ROWS))
+                files = [data]
+            recipe = self.workdir / f"{tag}-recipe.yaml"
             recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
             settings = Settings(
                 lock_timeout_secs=PREPARE_LEASE,
@@ -960,30 +1066,36 @@ class Harness:
             jobs = {}
             try:
                 for shards in PREPARE_SHARDS:
-                    job = self.workdir / f"prepare-reference-{shards}"
+                    job = self.workdir / f"{tag}-reference-{shards}"
                     prepare(PrepareRequest(recipe, None, job, shards, settings, procs=1), quiet=True)
                     proc = subprocess.run([PY, "-c", PREPARE_INSPECT, str(job)], capture_output=True, check=True, timeout=60)
                     jobs[shards] = json.loads(proc.stdout)
             finally:
                 if saved is not None:
                     os.environ[UNIT_BYTES_ENV] = saved
-            clean = self.workdir / "prepare-clean"
-            shutil.copytree(self.workdir / f"prepare-reference-{PREPARE_SHARDS[0]}", clean, symlinks=True)
+            clean = self.workdir / f"{tag}-clean"
+            shutil.copytree(self.workdir / f"{tag}-reference-{PREPARE_SHARDS[0]}", clean, symlinks=True)
             if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
                 raise AssertionError("the clean run over the prepare-kill reference failed")
-            out = self.workdir / "prepare-clean.jsonl"
+            out = self.workdir / f"{tag}-clean.jsonl"
             merge(clean, out)
             merged = out.read_bytes()
-            self._prepare_reference = PrepareReference(
-                data, recipe, data.stat().st_size, jobs, merged, [orjson.loads(line)["id"] for line in merged.splitlines()]
+            self._prepare_references[parquet] = PrepareReference(
+                data,
+                recipe,
+                files,
+                [f.stat().st_size for f in files],
+                jobs,
+                merged,
+                [orjson.loads(line)["id"] for line in merged.splitlines()],
             )
-        return self._prepare_reference
+        return self._prepare_references[parquet]
 
     def _participant(
-        self, node: Node, job: Path, shards: int, log: Path, helper: bool, procs: int, env: dict
+        self, node: Node, job: Path, shards: int, log: Path, helper: bool, procs: int, env: dict, parquet: bool = False
     ) -> subprocess.Popen:
         """`prepare` of the trial's request, or the helper that joins the prepare under way."""
-        ref = self.prepare_reference()
+        ref = self.prepare_reference(parquet)
         if helper:
             argv = [PY, "-m", "elastic_sharding.prepare.cooperate", str(job)]
         else:
@@ -1154,10 +1266,11 @@ class Harness:
         return self.prepare_case(name, log_dir, self.draw_prepare_case(rng), rng)
 
     def draw_prepare_case(self, rng: random.Random) -> PrepareCase:
-        ref = self.prepare_reference()
+        parquet = rng.random() < PREPARE_PARQUET
+        ref = self.prepare_reference(parquet)
         shards = rng.choice(PREPARE_SHARDS)
         unit_bytes = rng.choice(PREPARE_UNIT_BYTES)
-        units = -(-ref.size // unit_bytes)
+        units = ref.scan_units(unit_bytes)
         fault = rng.choices(("point", "kill", "stop"), weights=(6, 3, 1))[0]
         alone = fault != "stop" and rng.random() < 0.25  # the victim prepares alone; a rerun finishes
         count = 1 if alone else rng.choice((2, 3))
@@ -1181,7 +1294,9 @@ class Harness:
         same_host = rng.random() < 0.3  # a survivor (or the rerun) on the victim's node: no lease wait
         if same_host:
             placement[(victim + 1) % count if count > 1 else count] = placement[victim]
-        return PrepareCase(shards, unit_bytes, fault, point, phase, alone, victim, helpers, procs, placement, same_host, hold)
+        return PrepareCase(
+            shards, unit_bytes, fault, point, phase, alone, victim, helpers, procs, placement, same_host, hold, parquet=parquet
+        )
 
     def prepare_case(self, name: str, log_dir: Path, case: PrepareCase, rng: random.Random) -> Outcome:
         """Run `case`; `rng` draws only the moment of a signal and the checks after it."""
@@ -1192,8 +1307,13 @@ class Harness:
         roles = "".join("h" if h else "p" for h in helpers)
         outcome = Outcome(
             "prepare-kill",
-            f"{roles}[{victim}] {what}" + (", rerun" if alone else "") + (", same host" if case.same_host else ""),
+            ("parquet " if case.parquet else "")
+            + f"{roles}[{victim}] {what}"
+            + (", rerun" if alone else "")
+            + (", same host" if case.same_host else ""),
         )
+        if case.parquet:
+            outcome.counts["parquet_prepares"] += 1
         job = self.cluster.mount / name / "job"
         self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
         env = {UNIT_BYTES_ENV: str(case.unit_bytes)}
@@ -1202,7 +1322,7 @@ class Harness:
 
         def start(i: int) -> subprocess.Popen:
             extra = {**env, "ELASTIC_SHARD_CRASH_AT": point} if fault == "point" and i == victim else env
-            return self._participant(self.node(placement[i]), job, shards, logs[i], helpers[i], procs[i], extra)
+            return self._participant(self.node(placement[i]), job, shards, logs[i], helpers[i], procs[i], extra, case.parquet)
 
         started = [start(i) for i in range(1 if hold else count)]
         target = started[victim]
@@ -1243,19 +1363,21 @@ class Harness:
         )  # fmt: skip
         if alone or not any(code == 0 for code in survivors):
             outcome.counts["prepare_reruns"] += 1
-            rerun = self._participant(self.node(placement[count]), job, shards, logs[count], False, 1, env)
+            rerun = self._participant(self.node(placement[count]), job, shards, logs[count], False, 1, env, case.parquet)
             code = wait(rerun, PREPARE_EXIT_SECS)
             outcome.check(code == 0, f"the rerun prepare exited {code}: {last_line(logs[count].read_text(errors='replace'))}")
         outcome.counts["prepare_takeovers"] += sum(
             log.read_text(errors="replace").count("prepare: took over") for log in logs if log.exists()
         )
-        self._check_prepared(outcome, job, shards, log_dir, rng)
+        self._check_prepared(outcome, job, shards, log_dir, rng, case.parquet)
         return outcome
 
-    def _check_prepared(self, outcome: Outcome, job: Path, shards: int, log_dir: Path, rng: random.Random) -> None:
+    def _check_prepared(
+        self, outcome: Outcome, job: Path, shards: int, log_dir: Path, rng: random.Random, parquet: bool = False
+    ) -> None:
         """The job is the clean one byte for byte and nothing of the prepare is left beside it;
         then a fake run over it merges to the clean merge (and a repeated prepare is a no-op)."""
-        ref = self.prepare_reference()
+        ref = self.prepare_reference(parquet)
         expected = ref.jobs[shards]
         deadline = time.monotonic() + 5  # another node's removal may show here a moment late
         while True:
@@ -1349,6 +1471,53 @@ def prepare_rows(n: int) -> list[dict]:
             row["late"] = {"x": i}
         rows.append(row)
     return rows
+
+
+def parquet_rows(n: int) -> list[dict]:
+    """Rows for Parquet input: an `id` (the fake recipe's and the checks'), text of random words (so
+    the files are about as large as the JSONL input), a struct holding a list (each sometimes
+    null), a timestamp with microseconds, and a string that is null in two rows of three."""
+    rng = random.Random(13)
+    start = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    rows = []
+    for i in range(n):
+        words = " ".join(
+            "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(rng.randint(1, 20))
+        )
+        meta = None
+        if i % 5:
+            tags = None if i % 4 == 1 else [f"t{rng.randint(0, 9)}"] * rng.randint(0, 3)
+            meta = {"source": f"s{i % 3}", "score": rng.random(), "tags": tags}
+        when = start + datetime.timedelta(seconds=37 * i, microseconds=rng.randint(0, 999_999))
+        rows.append({"id": i, "text": f"row {i} {words}", "meta": meta, "when": when, "note": None if i % 3 else f"n{i}"})
+    return rows
+
+
+def parquet_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("id", pa.int64()),
+        ("text", pa.string()),
+        ("meta", pa.struct([("source", pa.string()), ("score", pa.float64()), ("tags", pa.list_(pa.string()))])),
+        ("when", pa.timestamp("us", tz="UTC")),
+        ("note", pa.string()),
+    ])  # fmt: skip
+
+
+def write_parquet_input(root: Path, rows: list[dict], group_rows: Sequence[int]) -> Path:
+    """A directory of Parquet files of `rows` in order, one file per entry of `group_rows`, file i
+    with its equal share of the rows in row groups of `group_rows[i]` rows (the last one shorter)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True, exist_ok=True)
+    files = len(group_rows)
+    cut = [len(rows) * i // files for i in range(files + 1)]
+    for i, size in enumerate(group_rows):
+        table = pa.Table.from_pylist(rows[cut[i] : cut[i + 1]], schema=parquet_schema())
+        pq.write_table(table, root / f"part-{i:02d}.parquet", row_group_size=size)
+    return root
 
 
 def _await_fault(proc: subprocess.Popen, stop: bool, timeout: float) -> bool:
@@ -1452,6 +1621,7 @@ class Summary:
             f"dedup_kills={c['dedup_kills']} dedup_stalls={c['dedup_stalls']} "
             f"dedup_job_kills={c['dedup_job_kills']} dedup_job_stalls={c['dedup_job_stalls']} "
             f"slowed={c['slowed']} backups={c['backups']} backups_won={c['backups_won']} "
+            f"parquet_jobs={c['parquet_jobs']} parquet_prepares={c['parquet_prepares']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"
