@@ -37,7 +37,7 @@ def typed_rows(count: int, start: int = 0) -> list[dict]:
                 "text": f"document {i} " + "word " * (i % 13),
                 "meta": {"source": f"s{i % 3}", "score": i / 7, "tags": [f"t{i % 2}"] if i % 4 else None},
                 "when": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(seconds=i),
-                "raw": bytes([i % 256, 0, 255]),
+                "raw": bytes([65 + i % 26, 0, 66]),
                 "note": None if i % 3 else f"n{i}",
             }
         )
@@ -229,3 +229,11 @@ def test_cooperative_prepare_writes_the_same_bytes(tmp_path, recipe_file, monkey
         assert [f.sha256 for f in manifest.inputs] != [f.sha256 for f in reference.inputs]  # chunked fingerprints
         assert all(f.chunks for f in manifest.inputs)
     assert 1 <= len(result.manifest.prepared_by) <= 3
+
+
+def test_binary_that_is_not_utf8_is_refused_by_file_group_row_and_column(tmp_path, recipe_file):
+    rows = [{"text": f"t{i}", "raw": b"ok" if i != 7 else b"\xff\xfe"} for i in range(10)]
+    write_parquet(tmp_path / "data" / "a.parquet", rows, group_rows=5)
+    with pytest.raises(InputError, match=r"a\.parquet: row group 1, row 2: binary column 'raw' holds bytes that are not UTF-8"):
+        run_prepare(recipe_file, tmp_path / "data", tmp_path / "job", 2)
+    assert not (tmp_path / "job").exists()

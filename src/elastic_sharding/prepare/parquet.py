@@ -216,6 +216,7 @@ class ParquetShardWriter:
                 f"row group {segment.group} does not decode ({_reason(exc)}): the file is corrupt; replace it with a good copy",
                 path,
             ) from None
+        _check_binary_text(table, path, segment.group)
         if table.num_rows != expected_rows:
             raise InputError(
                 f"row group {segment.group} holds {table.num_rows} rows, not the {expected_rows} its footer said when prepare "
@@ -257,6 +258,33 @@ class ParquetShardWriter:
         with pq.ParquetWriter(sink, tables[0].schema, compression=SHARD_COMPRESSION) as writer:
             for table in tables:
                 writer.write_table(table, row_group_size=max(1, table.num_rows))
+
+
+def _check_binary_text(table: Any, path: Path, group: int) -> None:
+    """Data-Juicer's JSON export (pandas) writes a binary value as UTF-8 text and fails on one
+    that is not: found here, by column and row, instead of as a failed shard after the work."""
+    import pyarrow as pa
+
+    for name, column in zip(table.column_names, table.columns):
+        if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+            continue
+        try:
+            column.cast(pa.large_string())
+        except pa.ArrowInvalid:
+            row = next(i for i, v in enumerate(column.to_pylist()) if v is not None and not _is_utf8(v))
+            raise InputError(
+                f"row group {group}, row {row}: binary column {name!r} holds bytes that are not UTF-8 text, which "
+                "Data-Juicer's JSON export cannot write; drop or re-encode the column (e.g. base64)",
+                path,
+            ) from None
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _reason(exc: BaseException) -> str:
