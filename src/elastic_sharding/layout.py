@@ -190,12 +190,16 @@ class JobLayout:
         manifest = load(Manifest, self.manifest)
         for spec in manifest.shards:
             check_shard_id(spec.shard_id)
-            suffix = ".parquet" if manifest.input_format == "parquet" else ".jsonl"
-            if spec.path != f"shards/{spec.shard_id}{suffix}":
+            if spec.path != f"shards/{spec.shard_id}{shard_suffix(manifest.input_format)}":
                 raise JobStateError(
                     f"{self.manifest}: shard {spec.shard_id} has an unexpected path {spec.path!r}; restore the manifest prepare wrote"
                 )
         return manifest
+
+
+def shard_suffix(input_format: str) -> str:
+    """A prepared shard's file ending: JSON lines, or Parquet for a Parquet input."""
+    return ".parquet" if input_format == "parquet" else ".jsonl"
 
 
 def attempt_ids(directory: Path) -> list[str]:

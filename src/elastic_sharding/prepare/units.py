@@ -25,7 +25,7 @@ import orjson
 from elastic_sharding import crashpoints, fsops
 from elastic_sharding.engine import engine_identity
 from elastic_sharding.errors import InputError, JobStateError, RecipeError, UsageError
-from elastic_sharding.layout import JobLayout
+from elastic_sharding.layout import JobLayout, shard_suffix
 from elastic_sharding.prepare.cooperate import WRITE, PrepareDir, unit_names, write_range
 from elastic_sharding.prepare.fingerprints import sha256_concatenated, sha256_range
 from elastic_sharding.prepare.inputs import relpath, stat_input
@@ -215,7 +215,7 @@ class UnitWork:
         groups = []
         for file in range(len(self.files)):
             schema, file_groups = footers[file]
-            why = schema_difference(first, load_schema(schema)) if schema != footers[0][0] else None
+            why = schema_difference(first, load_schema(schema))
             if why is not None:
                 raise InputError(
                     f"its schema differs from {self.files[0]}'s: {why}; every Parquet file of one input must have the same "
@@ -223,6 +223,9 @@ class UnitWork:
                     self.files[file],
                 )
             groups.extend((file, g, rows, size) for g, (rows, size) in enumerate(file_groups))
+        # Each segment carries its row group's rows as the footer said: the write unit checks the
+        # decoded group against it without reading the scan results again.
+        group_rows = {(file, g): rows for file, g, rows, _ in groups}
         rows = sum(g[2] for g in groups)
         if rows == 0:
             raise InputError("the input has no rows", Path(plan.manifest["dataset_root"]))
@@ -230,7 +233,7 @@ class UnitWork:
         first_row = 0
         for segments in cut_row_groups(groups, plan.num_shards):
             count = sum(seg.rows for seg in segments)
-            shards.append(ShardCut(first_row, count, [list(seg) for seg in segments]))
+            shards.append(ShardCut(first_row, count, [[*seg, group_rows[seg.file, seg.group]] for seg in segments]))
             first_row += count
         weight = sum(g[3] for g in groups)
         return encode(PrepareCuts(rows, weight, [], [], shards, [], []))
@@ -337,18 +340,18 @@ class UnitWork:
         and written as Parquet (`prepare.parquet`)."""
         plan = self.plan
         source = ParquetShardWriter(self.files, plan.base, plan.media_keys, plan.index_key, ROW_KEY)
-        groups = {}
+        seen: set[int] = set()
         written: list[tuple[ShardWritten, Any]] = []
         try:
             for index in write_range(plan, unit):
                 cut = cuts.shards[index]
                 tables = []
                 row = cut.first_row
-                for file, group, first, rows in cut.segments:
-                    if file not in groups:
+                for file, group, first, rows, group_rows in cut.segments:
+                    if file not in seen:
                         stat_input(self.files[file])
-                        groups[file] = self._footer_rows(file)
-                    table = source.read(Segment(file, group, first, rows), groups[file][group])
+                        seen.add(file)
+                    table = source.read(Segment(file, group, first, rows), group_rows)
                     tables.append(source.shape(table, row))
                     row += rows
                 shard_id = shard_id_for(index, plan.num_shards)
@@ -366,15 +369,6 @@ class UnitWork:
         finally:
             source.close()
         return self._commit(written)
-
-    def _footer_rows(self, file: int) -> list[int]:
-        """The row counts of `file`'s row groups, as its scan unit read them from the footer."""
-        for index, pieces in enumerate(self.plan.units):
-            if any(f == file and start == 0 for f, start, _ in pieces):
-                for f, _, groups in self._scan_result(index).footers:
-                    if f == file:
-                        return [rows for rows, _ in groups]
-        raise JobStateError(f"{self.pdir.units}: no scan unit read the footer of {self.files[file]}; prepare a new --job-dir")
 
     def _write_shard(
         self, index: int, cuts: PrepareCuts, shape: Any, normalize: Any, blobs: dict[int, Any], offload: Offload
@@ -511,7 +505,7 @@ class UnitWork:
         specs = []
         for k, (cut, written) in enumerate(zip(cuts.shards, shards_written)):
             shard_id = shard_id_for(k, plan.num_shards)
-            name = f"shards/{shard_id}.{'parquet' if plan.input_format == 'parquet' else 'jsonl'}"
+            name = f"shards/{shard_id}{shard_suffix(plan.input_format)}"
             specs.append(ShardSpec(shard_id, k, name, cut.first_row, written.rows, written.bytes, written.sha256))
         normalized = sha256_concatenated([self.stage.base / s.path for s in specs])
         layout = self.stage

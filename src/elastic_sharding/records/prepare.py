@@ -74,7 +74,7 @@ class ShardCut:
     first_row: int
     rows: int
     # [unit, piece, first row in the unit, first row in the piece, rows]; for Parquet input
-    # [file, row group, first row in the row group, rows].
+    # [file, row group, first row in the row group, rows, the row group's rows].
     segments: list[list[int]]
 
 
