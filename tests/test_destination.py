@@ -310,6 +310,30 @@ def test_a_directory_that_mkdir_says_exists_before_it_shows_is_waited_for(tmp_pa
         make(never)
 
 
+def test_mkdir_told_enoent_in_a_parent_that_shows_is_tried_again(tmp_path, monkeypatch):
+    """CI, Slurm array tasks on a caching GlusterFS volume: two nodes opened one coordination
+    directory at once; the one whose mkdir said EEXIST saw the directory and was then told ENOENT
+    creating `stale` inside it, failing its task. A parent that does not show still fails at once."""
+    real_mkdir = os.mkdir
+    parent = tmp_path / "generation"
+    parent.mkdir()
+    calls = []
+
+    def settling_mkdir(path, mode=0o777):
+        calls.append(path)
+        if len(calls) < 3:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_mkdir(path, mode)
+
+    monkeypatch.setattr(os, "mkdir", settling_mkdir)
+    fsops.ensure_dir(parent / "stale")
+    assert len(calls) == 3 and (parent / "stale").is_dir()
+    calls.clear()
+    with pytest.raises(FileNotFoundError):
+        fsops.ensure_dir(tmp_path / "gone" / "stale")
+    assert len(calls) == 1
+
+
 def test_a_directory_that_reads_missing_for_a_moment_after_a_racing_mkdir_is_tried_again(tmp_path, monkeypatch):
     """CI, a caching GlusterFS volume: three `dlc` instances created one --output directory at
     once, and the loser of the mkdir race saw it and was then told ENOENT when it created a file

@@ -118,8 +118,10 @@ def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
     """mkdir; True if this call created it, False if it was there. A caching NAS can say EEXIST
     before the directory shows (GlusterFS: also to both of two racing creators, or to a lone
     one), so when `is_dir` does not see it yet, mkdir and the lookup are retried for a while
-    before that counts as an error, and ESTALE is retried for up to `STALE_HANDLE_SECS`; `is_dir`
-    raises for anything else in its place."""
+    before that counts as an error. ENOENT while the parent shows as a directory is retried the
+    same way (GlusterFS: a parent another node just made can be looked up before this client can
+    create in it). ESTALE is retried for up to `STALE_HANDLE_SECS`; `is_dir` raises for anything
+    else in its place."""
     stale_until: float | None = None
     attempt = 0
     while attempt < MKDIR_VISIBLE_TRIES:
@@ -129,12 +131,17 @@ def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
         except FileExistsError:
             if is_dir(directory):
                 return False
+            missed: OSError = FileExistsError(errno.EEXIST, "mkdir says it exists, yet it never shows", str(directory))
+        except FileNotFoundError as exc:
+            if confined.kind(directory.parent) != "dir":
+                raise
+            missed = exc
         except OSError as exc:
             stale_until = _wait_out_stale(exc, stale_until)
             continue
         attempt += 1
         time.sleep(0.02 * attempt)
-    raise FileExistsError(errno.EEXIST, "mkdir says it exists, yet it never shows", str(directory))
+    raise missed
 
 
 def remove_dirs(created: list[Path]) -> None:
