@@ -666,19 +666,38 @@ def _measure_merge(b: Bench, s: Sizes, d: Path, wanted: tuple[str, ...]) -> list
     return results
 
 
+# A shard output's name by how its completion record says it is stored (elastic_sharding.layout.
+# PROCESSED_NAMES); a record written before outputs could be stored compressed names no codec.
+PROCESSED_NAMES = {"none": "processed.jsonl", "zstd": "processed.jsonl.zst"}
+# The floor of getting the JSONL lines out of outputs stored compressed: one process writing each
+# output's lines to stdout in order, decompressing the `.zst` ones (as `zstd -dcf` would).
+DECOMPRESS_FLOOR = (
+    "import shutil, sys, zstandard\n"
+    "for path in sys.argv[1:]:\n"
+    "    with open(path, 'rb') as f:\n"
+    "        if path.endswith('.zst'):\n"
+    "            zstandard.ZstdDecompressor().copy_stream(f, sys.stdout.buffer, read_size=1 << 20, write_size=1 << 20)\n"
+    "        else:\n"
+    "            shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)\n"
+)
+
+
 def _merge_via_cli(b: Bench, s: Sizes, d: Path, wanted: tuple[str, ...]) -> tuple:
     job = d / "job-0"
     progress("merge: completing the job with 2 passthrough workers (not timed)")
     b.wait([b.start(f"io-passthrough-{k}", _passthrough(job)) for k in range(2)], "passthrough workers")
     records = completions(job)
-    outputs = [str(job / "attempts" / r["shard_id"] / r["attempt_id"] / "processed.jsonl") for r in records]
+    codecs = [r.get("output_codec", "none") for r in records]
+    outputs = [str(job / "attempts" / r["shard_id"] / r["attempt_id"] / PROCESSED_NAMES[c]) for r, c in zip(records, codecs)]
+    # `cat` of plain outputs; outputs stored compressed are decompressed into the file instead.
+    baseline = ["cat", *outputs] if set(codecs) == {"none"} else [PYTHON, "-c", DECOMPRESS_FLOOR, *outputs]
     out_bytes = sum(r["output_bytes"] for r in records)
     merges, dirs, cats = [], [], []
     dir_skipped: str | None = None if "merge_dir" in wanted else "not wanted"
     merged, merged_dir = d / "merged.jsonl", d / "merged-dir"
     progress(f"merge vs cat: {len(outputs)} shard outputs, {out_bytes / 1e6:.0f} MB, {s.repeats} runs each")
     for i in range(s.repeats):
-        cats.append(_timed_to_file(["cat", *outputs], d / "cat.jsonl"))
+        cats.append(_timed_to_file(baseline, d / "cat.jsonl"))
         if "merge" in wanted or i == 0:
             merged.unlink(missing_ok=True)
             merges.append(b.run(f"io-merge-{i}", b.elastic("merge", "--job-dir", str(job), "--output", str(merged))))
@@ -700,6 +719,8 @@ def _merge_via_cli(b: Bench, s: Sizes, d: Path, wanted: tuple[str, ...]) -> tupl
     details: dict[str, Any] = {
         "source": "elastic-shard merge (CLI)",
         "output_bytes": out_bytes,
+        "output_codecs": sorted(set(codecs)),
+        "baseline": "cat" if baseline[0] == "cat" else "decompress (one process)",
         "shards": len(outputs),
         "runs_ours": merges,
         "runs_ours_dir": dirs,

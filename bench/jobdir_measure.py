@@ -6,8 +6,9 @@ directory, a hard-linked inode counted once; symbolic links are neither followed
 under two names counts once, in the category of the name met first: attempts/ before the rest):
 
   shards     shards/: the normalized shard inputs prepare wrote
-  processed  attempts/<shard>/<attempt>/processed.jsonl: the collected shard outputs (and the
-             temporary file of one being collected)
+  processed  attempts/<shard>/<attempt>/processed.jsonl or processed.jsonl.zst: the collected
+             shard outputs, as their job's --shard-output-codec stores them (plain, or zstd: on
+             disk, their stored size), and the temporary file of one being collected
   raw        attempts/<shard>/<attempt>/ray-output.jsonl[/...]: Ray's raw exports (0 once collected)
   merged     the merge output, where merge.json says it is, if it lies inside the job directory
              (a file, or every file of a directory output)
@@ -28,6 +29,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CATEGORIES = ("shards", "processed", "raw", "merged", "other")
+# A collected shard output, stored plain or compressed (elastic_sharding.layout.PROCESSED_NAMES),
+# and the prefixes of the temporary file of one being collected.
+PROCESSED_NAMES = ("processed.jsonl", "processed.jsonl.zst")
+PROCESSED_TEMPORARIES = tuple(f".{name}.tmp-" for name in PROCESSED_NAMES)
 
 
 def _regular_files(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
@@ -68,7 +73,7 @@ def _category(relative: Path, path: Path, merged: Path | None) -> str:
     if parts[0] == "shards":
         return "shards"
     if parts[0] == "attempts" and len(parts) >= 4:
-        if len(parts) == 4 and (parts[3] == "processed.jsonl" or parts[3].startswith(".processed.jsonl.tmp-")):
+        if len(parts) == 4 and (parts[3] in PROCESSED_NAMES or parts[3].startswith(PROCESSED_TEMPORARIES)):
             return "processed"
         if parts[3] == "ray-output.jsonl":
             return "raw"

@@ -9,10 +9,15 @@ then times, interleaved and with the page cache warm for every side:
 - `merge` into one file (in this process: what `elastic-shard merge` spends beyond its start-up);
 - `merge` into a directory (one file per shard, hard-linked, plus the index).
 
+With `codec="zstd"` the job's workers store their outputs compressed (the default since Step 13)
+and the baseline is the floor of getting JSONL out of them: one process decompressing each
+output in order into one file (`zstandard`, as `zstd -dc` does); merge then decompresses too, and
+a directory gets decompressed parts instead of hard links.
+
 Dirty pages are written back (`sync`, untimed) before every timed step, so no side pays for the
 writeback of the one before it. It returns the medians (`cat_secs`, `merge_secs`, `dir_secs`),
 the bytes merged and the details.
-Run it on its own: `python bench/merge_measure.py [WORKDIR] [TOTAL_MB]`.
+Run it on its own: `python bench/merge_measure.py [WORKDIR] [TOTAL_MB] [none|zstd]`.
 """
 
 from __future__ import annotations
@@ -69,13 +74,14 @@ def _write_dataset(path: Path, total_bytes: int) -> None:
             i += 1
 
 
-def build_job(workdir: Path, total_mb: float) -> Path:
-    """A finished job of `SHARDS` shards, about `total_mb` MB of outputs; reused when already built."""
+def build_job(workdir: Path, total_mb: float, codec: str = "none") -> Path:
+    """A finished job of `SHARDS` shards, about `total_mb` MB of outputs stored as `codec`; reused
+    when already built."""
     from elastic_sharding.prepare.job import PrepareRequest, prepare
     from elastic_sharding.records import Settings
     from elastic_sharding.work.worker import Worker, WorkerOptions
 
-    job = workdir / f"job-{int(total_mb)}mb"
+    job = workdir / f"job-{int(total_mb)}mb-{codec}"
     if (job / "built").exists():
         return job
     shutil.rmtree(job, ignore_errors=True)
@@ -85,7 +91,12 @@ def build_job(workdir: Path, total_mb: float) -> Path:
     recipe = workdir / "recipe.yaml"
     recipe.write_text(RECIPE.format(dataset=dataset))
     settings = Settings(
-        lock_timeout_secs=600.0, max_retries=1, poll_interval_secs=0.05, heartbeat_interval_secs=30.0, ray_address="local"
+        lock_timeout_secs=600.0,
+        max_retries=1,
+        poll_interval_secs=0.05,
+        heartbeat_interval_secs=30.0,
+        ray_address="local",
+        shard_output_codec=codec,
     )
     prepare(PrepareRequest(recipe, None, job, SHARDS, settings), quiet=True)
     dataset.unlink()  # the job's shards hold the rows now
@@ -119,15 +130,28 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - started
 
 
-def measure_merge(workdir: Path, total_mb: float, repeats: int = 3) -> dict[str, Any]:
-    """Median seconds of `cat`, `merge` to a file and `merge` to a directory over `repeats` interleaved runs."""
+def _decompress_all(outputs: list[Path], target: Path, fsync: bool) -> None:
+    import zstandard
+
+    with open(target, "wb") as out:
+        for path in outputs:
+            with open(path, "rb") as source:
+                zstandard.ZstdDecompressor().copy_stream(source, out, read_size=1 << 20, write_size=1 << 20)
+        if fsync:
+            out.flush()
+            os.fsync(out.fileno())
+
+
+def measure_merge(workdir: Path, total_mb: float, repeats: int = 3, codec: str = "none") -> dict[str, Any]:
+    """Median seconds of `cat` (outputs stored compressed: decompressing them into one file),
+    `merge` to a file and `merge` to a directory over `repeats` interleaved runs."""
     import logging
 
     from elastic_sharding.finish.merge import merge
 
     logging.getLogger("elastic_sharding").setLevel(logging.WARNING)
     workdir = Path(workdir)
-    job = build_job(workdir, total_mb)
+    job = build_job(workdir, total_mb, codec)
     outputs = shard_outputs(job)
     size = sum(p.stat().st_size for p in outputs)
     merged, catted, directory = workdir / "merged.jsonl", workdir / "cat.jsonl", workdir / "merged-dir"
@@ -138,6 +162,9 @@ def measure_merge(workdir: Path, total_mb: float, repeats: int = 3) -> dict[str,
     cats, cat_fsyncs, merges, dirs = [], [], [], []
 
     def cat(fsync: bool) -> None:
+        if codec != "none":
+            _decompress_all(outputs, catted, fsync)
+            return
         with open(catted, "wb") as out:
             subprocess.run(["cat", *map(str, outputs)], stdout=out, check=True)
             if fsync:
@@ -160,6 +187,8 @@ def measure_merge(workdir: Path, total_mb: float, repeats: int = 3) -> dict[str,
     parts = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
     identical = filecmp.cmp(merged, catted, shallow=False)
     same_as_dir = _same_bytes(parts, catted)
+    stored = size
+    size = merged.stat().st_size
     linked = sum(1 for p, o in zip(parts, outputs) if os.stat(p).st_ino == os.stat(o).st_ino)
     result = {
         "cat_secs": statistics.median(cats),
@@ -167,6 +196,8 @@ def measure_merge(workdir: Path, total_mb: float, repeats: int = 3) -> dict[str,
         "merge_secs": statistics.median(merges),
         "dir_secs": statistics.median(dirs),
         "bytes": size,
+        "stored_bytes": stored,
+        "codec": codec,
         "shards": len(outputs),
         "cpus": os.cpu_count(),
         "runs_cat": cats,
@@ -186,7 +217,8 @@ def measure_merge(workdir: Path, total_mb: float, repeats: int = 3) -> dict[str,
 def main() -> int:
     workdir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/merge-measure")
     total_mb = float(sys.argv[2]) if len(sys.argv) > 2 else 1000.0
-    result = measure_merge(workdir, total_mb)
+    codec = sys.argv[3] if len(sys.argv) > 3 else "none"
+    result = measure_merge(workdir, total_mb, codec=codec)
     result["merge_vs_cat"] = result["merge_secs"] / result["cat_secs"]
     result["merge_vs_cat_fsync"] = result["merge_secs"] / result["cat_fsync_secs"]
     result["dir_vs_cat"] = result["dir_secs"] / result["cat_secs"]

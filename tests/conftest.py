@@ -57,8 +57,10 @@ def done_job(make_job) -> Path:
 
 @pytest.fixture
 def job(make_job) -> Path:
-    """A finished four-shard job whose third shard has no rows left (the merge and verify tests)."""
-    job = make_job(rows=40, shards=4)
+    """A finished four-shard job whose third shard has no rows left (the merge and verify tests).
+    Its outputs are stored plain, so a directory output hard-links them; test_output_codec.py
+    runs merge and verify over outputs stored compressed."""
+    job = make_job(rows=40, shards=4, shard_output_codec="none")
     spec = JobLayout(job).load_manifest().shards[2]
     EMPTY.clear()
     EMPTY.update(range(spec.first_row, spec.first_row + spec.rows))

@@ -21,7 +21,7 @@ from support.jobs import fast_settings
 
 from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claims, read_claim
-from elastic_sharding.layout import JobLayout
+from elastic_sharding.layout import PROCESSED_NAMES, JobLayout
 from elastic_sharding.records import CompletionRecord, encode
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
@@ -113,7 +113,7 @@ def test_a_straggling_shard_is_backed_up_and_the_backup_wins(make_job, tmp_path)
     claim = _claim(job, LAST)
     assert claim["status"] == "done" and claim["attempt_id"] == original["attempt_id"]
     original_dir = job / "attempts" / LAST / original["attempt_id"]
-    assert not (original_dir / "processed.jsonl").exists() and not (original_dir / "ray-output.jsonl").exists()
+    assert not any((original_dir / name).exists() for name in (*PROCESSED_NAMES.values(), "ray-output.jsonl"))
     assert count_failures(JobLayout(job), LAST)[0] == 0
     records = list((job / "state" / "backups").glob(f"{LAST}.*.json"))
     assert len(records) == 1 and json.loads(records[0].read_text())["attempt_id"] == backup["attempt_id"]
@@ -135,7 +135,7 @@ def test_the_original_wins_and_the_backup_leaves_no_trace(make_job, tmp_path):
     assert _done(job, LAST)["attempt_id"] == original["attempt_id"]
     assert _claim(job, LAST)["attempt_id"] == original["attempt_id"]
     backup_dir = job / "attempts" / LAST / backup["attempt_id"]
-    assert not (backup_dir / "processed.jsonl").exists() and not (backup_dir / "ray-output.jsonl").exists()
+    assert not any((backup_dir / name).exists() for name in (*PROCESSED_NAMES.values(), "ray-output.jsonl"))
     assert count_failures(JobLayout(job), LAST)[0] == 0
 
 

@@ -24,6 +24,8 @@ from support.e2e_support import (
 )
 from support.throttle import CpuThrottle, cgroup_throttle_available
 
+from elastic_sharding.layout import PROCESSED_NAMES
+
 pytestmark = [
     needs_unshare,
     pytest.mark.skipif(not cgroup_throttle_available(), reason="needs root and the cgroup v1 cpu controller"),
@@ -89,7 +91,7 @@ def test_a_throttled_node_is_backed_up_and_the_backup_wins(tmp_path, demo_baseli
         original = next(r for r in records if r["attempt_id"] == backup["backup_of"])
         assert original["host"] == slow and original["status"] == "beaten", original
         attempt_dir = job / "attempts" / original["shard_id"] / original["attempt_id"]
-        assert not (attempt_dir / "processed.jsonl").exists() and not (attempt_dir / "ray-output.jsonl").exists()
+        assert not any((attempt_dir / name).exists() for name in (*PROCESSED_NAMES.values(), "ray-output.jsonl"))
         claim = json.loads((job / "state" / "locks" / f"{backup['shard_id']}.json").read_text())
         assert claim["status"] == "done"
     assert not [r for r in records if r["status"] in ("failed", "fenced")], records

@@ -275,6 +275,7 @@ def test_a_full_disk_while_merging_names_the_merged_file_not_a_shard(done_job, t
 
     monkeypatch.setattr(fsops.AtomicOutput, "__init__", init)
     monkeypatch.setattr(os, "copy_file_range", _raise(errno.ENOSPC))  # merge copies the shard outputs in the kernel
+    monkeypatch.setattr(os, "pwrite", _raise(errno.ENOSPC))  # or decompresses them and writes each at its offset
     output = tmp_path / "out" / "merged.jsonl"
     line = refused(run_cli("merge", "--job-dir", str(done_job), "--output", str(output)))
     assert line.endswith(f"error: writing its temporary file failed: No space left on device ({output})"), line

@@ -19,10 +19,12 @@ import pytest
 from support.fake_worker import worker_command
 from support.fakes import FakeRunner
 from support.jobs import REPO, cli, sample_rows
+from support.outputs import output_lines, output_path
 
 from elastic_sharding.claims.protocol import read_claim
 from elastic_sharding.errors import AttemptFailed
-from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.layout import PROCESSED_NAMES, JobLayout, attempt_files, processed_file
+from elastic_sharding.settings import DEFAULT_OUTPUT_CODEC
 from elastic_sharding.work.collect import remove_raw_output
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
@@ -31,9 +33,10 @@ from jobdir_measure import job_dir_breakdown, job_dir_bytes  # noqa: E402
 
 SHARD = "part-00000-of-00001"
 # What the job directory may hold per input byte, the merged file written elsewhere: the shards
-# (about 1.07x: the row index each row carries), the collected outputs (about 1x) and the records
-# and logs; never Ray's raw copy (another 1.05x before it was removed once collected). A merged
-# file inside the job directory adds its own size (about 1x) and nothing else.
+# (about 1.07x: the row index each row carries), the collected outputs (about 1x stored plain, a
+# fraction of that stored compressed, the default) and the records and logs; never Ray's raw copy
+# (another 1.05x before it was removed once collected). A merged file inside the job directory
+# adds its own size (about 1x) and nothing else.
 JOB_DIR_TARGET = 2.2
 
 
@@ -55,20 +58,29 @@ def crashed_worker(job: Path, point: str) -> subprocess.CompletedProcess:
 # -- fast ------------------------------------------------------------------------------------------
 
 
-def test_a_collected_attempt_keeps_processed_and_drops_the_raw_export(done_job, tmp_path):
-    layout = JobLayout(done_job)
-    assert raw_outputs(done_job) == []
+@pytest.mark.parametrize("codec", sorted(PROCESSED_NAMES))
+def test_a_collected_attempt_keeps_processed_and_drops_the_raw_export(make_job, tmp_path, codec):
+    """The output is kept once, as the job's codec stores it: on disk it takes the record's stored
+    size (plain: the size of its lines)."""
+    job = make_job(rows=20, shards=2, shard_output_codec=codec)
+    assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
+    layout = JobLayout(job)
+    assert raw_outputs(job) == []
     for shard in ("part-00000-of-00002", "part-00001-of-00002"):
         done = json.loads(layout.done(shard).read_text())
-        files = attempt_files(layout.attempt_dir(shard, done["attempt_id"]))
-        assert files["processed"].stat().st_size == done["output_bytes"]
-        assert sorted(p.name for p in files["record"].parent.iterdir()) == [
+        processed = output_path(job, done)
+        assert done["output_codec"] == codec and processed.name == PROCESSED_NAMES[codec]
+        stored = done["output_bytes"] if codec == "none" else done["stored_bytes"]
+        assert processed.stat().st_size == stored and len(output_lines(processed)) == done["output_bytes"]
+        if codec != "none":
+            assert stored < done["output_bytes"], "stored compressed"
+        assert sorted(p.name for p in processed.parent.iterdir()) == [
             "attempt.json",
             "heartbeat.json",
-            "processed.jsonl",
+            PROCESSED_NAMES[codec],
             "recipe.yaml",
         ]
-    assert [orjson.loads(line) for line in merged_bytes(done_job, tmp_path / "m.jsonl").splitlines()] == sample_rows(20)
+    assert [orjson.loads(line) for line in merged_bytes(job, tmp_path / "m.jsonl").splitlines()] == sample_rows(20)
 
 
 @pytest.mark.parametrize("point", ["collecting", "publishing"])
@@ -82,15 +94,16 @@ def test_a_worker_killed_between_collecting_and_removing_leaves_nothing_behind(m
     (crashed,) = layout.attempts_dir(SHARD).iterdir()
     files = attempt_files(crashed)
     assert files["ray_output"].is_dir(), "the crash is after collecting began, before the removal"
-    left = [p.name for p in crashed.iterdir() if p.name.startswith(".processed.jsonl.tmp-")]
-    assert files["processed"].exists() == (point == "publishing") and bool(left) == (point == "collecting")
+    processed = processed_file(crashed, DEFAULT_OUTPUT_CODEC)
+    left = [p.name for p in crashed.iterdir() if p.name.startswith(f".{processed.name}.tmp-")]
+    assert processed.exists() == (point == "publishing") and bool(left) == (point == "collecting")
 
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
     assert raw_outputs(job) == []
     assert sorted(p.name for p in crashed.iterdir()) == ["attempt.json", "heartbeat.json", "recipe.yaml", "superseded.json"]
     done = json.loads(layout.done(SHARD).read_text())
     assert done["attempt_id"] != crashed.name
-    assert attempt_files(layout.attempt_dir(SHARD, done["attempt_id"]))["processed"].exists()
+    assert done["output_codec"] == DEFAULT_OUTPUT_CODEC and output_path(job, done).exists()
     assert [orjson.loads(line) for line in merged_bytes(job, tmp_path / "m.jsonl").splitlines()] == sample_rows(30)
 
 
@@ -113,7 +126,8 @@ def test_a_failed_attempt_keeps_its_log_and_drops_its_export(make_job, tmp_path)
     assert json.loads(attempt_files(failed)["record"].read_text())["status"] == "failed"
     assert attempt_files(failed)["log"].read_text() == "ValueError: failed after exporting\n"
     assert raw_outputs(job) == []
-    assert attempt_files(succeeded)["processed"].exists()
+    done = json.loads(layout.done(SHARD).read_text())
+    assert done["attempt_id"] == succeeded.name and output_path(job, done).exists()
     assert [orjson.loads(line) for line in merged_bytes(job, tmp_path / "m.jsonl").splitlines()] == sample_rows(20)
 
 
@@ -125,8 +139,9 @@ def test_a_publisher_that_died_before_its_sweep_is_swept_by_the_repair(make_job,
     old = layout.attempt_dir(SHARD, "20000101T000000Z-gone-0123abcd")
     (old / "ray-output.jsonl").mkdir(parents=True)
     (old / "ray-output.jsonl" / "a_000000.json").write_bytes(b'{"__elastic_row__":0,"id":0}\n')
-    (old / "processed.jsonl").write_bytes(b'{"id":0}\n')
-    (old / ".processed.jsonl.tmp-gone-1-0123abcd").write_bytes(b'{"id":0}\n')
+    for name in PROCESSED_NAMES.values():  # an output stored either way, and one being collected
+        (old / name).write_bytes(b'{"id":0}\n')
+        (old / f".{name}.tmp-gone-1-0123abcd").write_bytes(b'{"id":0}\n')
     (old / "process.log").write_text("the old attempt's log\n")
     worker = Worker(job, WorkerOptions(max_shards=1), runner=FakeRunner())
     worker.claims.finish = lambda claim, status: False  # "dies" right after publishing ...
@@ -139,7 +154,7 @@ def test_a_publisher_that_died_before_its_sweep_is_swept_by_the_repair(make_job,
     assert raw_outputs(job) == []
     assert sorted(p.name for p in old.iterdir()) == ["process.log"]
     done = json.loads(layout.done(SHARD).read_text())
-    assert attempt_files(layout.attempt_dir(SHARD, done["attempt_id"]))["processed"].exists()
+    assert output_path(job, done).exists()
     assert [orjson.loads(line) for line in merged_bytes(job, tmp_path / "m.jsonl").splitlines()] == sample_rows(10)
 
 
@@ -175,6 +190,11 @@ def test_the_breakdown_counts_a_linked_directory_output_once(tmp_path):
     (attempt / "ray-output.jsonl").mkdir(parents=True)
     (attempt / "ray-output.jsonl" / "p.json").write_bytes(b"r" * 7)
     (attempt / "processed.jsonl").write_bytes(b"p" * 50)
+    packed = job / "attempts" / SHARD / "20000101T000000Z-host-4567cdef"  # an output stored compressed
+    packed.mkdir()
+    (packed / "processed.jsonl.zst").write_bytes(b"z" * 20)
+    (packed / ".processed.jsonl.zst.tmp-host-1-0123abcd").write_bytes(b"t" * 5)  # being collected
+    (packed / ".processed.jsonl.tmp-host-2-0123abcd").write_bytes(b"t" * 4)
     (job / "shards").mkdir()
     (job / "shards" / f"{SHARD}.jsonl").write_bytes(b"s" * 60)
     (job / "out").mkdir()
@@ -183,7 +203,7 @@ def test_the_breakdown_counts_a_linked_directory_output_once(tmp_path):
     (job / "merge.json").write_text(json.dumps({"output": str(job / "out")}))
     sizes = job_dir_breakdown(job)
     other = (job / "merge.json").stat().st_size
-    assert sizes == {"shards": 60, "processed": 50, "raw": 7, "merged": 3, "other": other, "total": 120 + other}
+    assert sizes == {"shards": 60, "processed": 79, "raw": 7, "merged": 3, "other": other, "total": 149 + other}
     assert sizes["total"] == job_dir_bytes(job)
 
 

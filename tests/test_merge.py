@@ -10,7 +10,7 @@ import json
 import orjson
 import pytest
 from support.jobs import cli, merged_rows, run
-from support.outputs import hidden_leftovers, records
+from support.outputs import hidden_leftovers, output_path, records, rewrite_output
 
 from elastic_sharding.errors import IntegrityError, UsageError
 from elastic_sharding.finish.merge import merge
@@ -32,8 +32,7 @@ def test_merge_refuses_existing_output_and_detects_corruption(make_job, tmp_path
     assert proc.returncode == 2 and "--overwrite" in proc.stderr
     layout = JobLayout(job)
     done = json.loads(layout.done("part-00001-of-00003").read_text())
-    processed = layout.attempt_dir("part-00001-of-00003", done["attempt_id"]) / "processed.jsonl"
-    processed.write_bytes(processed.read_bytes().replace(b"sample", b"SAMPLE", 1))
+    rewrite_output(output_path(job, done), lambda lines: lines.replace(b"sample", b"SAMPLE", 1))
     proc = cli("merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
     assert proc.returncode == 2 and "does not match its completion record" in proc.stderr
     assert out.read_bytes() == original, "a failed merge must leave the previous output untouched"

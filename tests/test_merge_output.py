@@ -16,7 +16,7 @@ import orjson
 import pytest
 from support.jobs import cli, refused, snapshot
 from support.launchers import launcher_args
-from support.outputs import hidden_leftovers, keep, records
+from support.outputs import hidden_leftovers, keep, output_path, records, rewrite_output
 
 import elastic_sharding.finish.merge as merge_mod
 from elastic_sharding import destination
@@ -25,13 +25,9 @@ from elastic_sharding.errors import IntegrityError
 from elastic_sharding.finish import parallel_copy
 from elastic_sharding.finish.merge import merge
 from elastic_sharding.finish.verify import verify
-from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.layout import JobLayout
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
-
-
-def shard_output(job: Path, record: dict) -> Path:
-    return attempt_files(JobLayout(job).attempt_dir(record["shard_id"], record["attempt_id"]))["processed"]
 
 
 def parts(directory: Path) -> list[Path]:
@@ -94,7 +90,7 @@ def test_directory_files_are_hard_links_to_the_shard_outputs(job, tmp_path):
     merge(job, f"{out}/", quiet=True)
     for done in records(job):
         if done["output_rows"]:
-            published, source = os.stat(out / f"{done['shard_id']}.jsonl"), os.stat(shard_output(job, done))
+            published, source = os.stat(out / f"{done['shard_id']}.jsonl"), os.stat(output_path(job, done))
             assert (published.st_dev, published.st_ino) == (source.st_dev, source.st_ino), "zero copy"
 
 
@@ -122,7 +118,7 @@ def test_a_copy_replaces_the_link_where_linking_fails_with_the_same_bytes(job, t
     assert concatenated(out) == (tmp_path / "merged.jsonl").read_bytes()
     for done in records(job):
         if done["output_rows"]:
-            assert os.stat(out / f"{done['shard_id']}.jsonl").st_ino != os.stat(shard_output(job, done)).st_ino
+            assert os.stat(out / f"{done['shard_id']}.jsonl").st_ino != os.stat(output_path(job, done)).st_ino
     assert verify(job, output=out).form == "directory", "copied files are hashed by verify"
 
 
@@ -211,8 +207,8 @@ def test_a_corrupt_shard_leaves_an_earlier_directory_output_untouched(job, tmp_p
     merge(job, f"{out}/", quiet=True)
     before = snapshot(tmp_path / "out")
     done = records(job)[1]
-    processed = shard_output(job, done)
-    processed.write_bytes(processed.read_bytes().replace(b"sample", b"SAMPLE", 1))  # in place: the published file too
+    # In place (the same inode): the published file, a hard link to it, changes too.
+    rewrite_output(output_path(job, done), lambda lines: lines.replace(b"sample", b"SAMPLE", 1))
     with pytest.raises(IntegrityError, match=f"{done['shard_id']}: output .* does not match its completion record"):
         merge(job, f"{out}/", overwrite=True, quiet=True)
     after = snapshot(tmp_path / "out")

@@ -87,10 +87,11 @@ def test_every_message_says_what_and_what_to_do(module, line, kind, message):
 def test_a_changed_shard_output_and_a_changed_merge_say_what_to_do(make_job, tmp_path):
     """The advice ADVISED_BY_CALLER promises, as the commands a user runs print it."""
     from support.jobs import cli, merged_rows, run
+    from support.outputs import rewrite_output
 
     from elastic_sharding.finish.validate import SHARD_CHANGED
     from elastic_sharding.finish.verify import MERGED_CHANGED
-    from elastic_sharding.layout import JobLayout
+    from elastic_sharding.layout import JobLayout, processed_file
     from elastic_sharding.records import CompletionRecord, load
 
     job = make_job(rows=30, shards=3)
@@ -102,7 +103,7 @@ def test_a_changed_shard_output_and_a_changed_merge_say_what_to_do(make_job, tmp
     assert changed_merge.returncode == 2 and MERGED_CHANGED in changed_merge.stderr, changed_merge.stderr
     layout = JobLayout(job)
     done = load(CompletionRecord, layout.done("part-00001-of-00003"))
-    processed = layout.attempt_dir(done.shard_id, done.attempt_id) / "processed.jsonl"
-    processed.write_bytes(processed.read_bytes().replace(b"sample", b"SAMPLE", 1))
+    processed = processed_file(layout.attempt_dir(done.shard_id, done.attempt_id), done.output_codec)
+    rewrite_output(processed, lambda lines: lines.replace(b"sample", b"SAMPLE", 1))
     changed_shard = cli("merge", "--job-dir", str(job), "--output", str(out), "--overwrite")
     assert changed_shard.returncode == 2 and SHARD_CHANGED in changed_shard.stderr, changed_shard.stderr

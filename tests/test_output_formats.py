@@ -20,19 +20,20 @@ import zstandard
 from support.fakes import FakeRunner
 from support.jobs import refused, sample_rows, snapshot
 from support.launchers import launcher_args
-from support.outputs import hidden_leftovers, records
+from support.outputs import hidden_leftovers, output_lines, output_path, records, rewrite_output
 
 from elastic_sharding.cli.parser import build_parser, dlc_arguments
 from elastic_sharding.destination import INDEX_NAME, refuse_foreign_output
 from elastic_sharding.errors import IntegrityError, UsageError
-from elastic_sharding.finish import parquet_output, zstd_output
+from elastic_sharding.finish import parquet_output
 from elastic_sharding.finish.merge import merge
 from elastic_sharding.finish.verify import verify
 from elastic_sharding.launch.steps import JobRequest
 from elastic_sharding.launch.two_node import with_two_node_defaults
-from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.layout import JobLayout
 from elastic_sharding.output_formats import choose_format
 from elastic_sharding.records import ROW_KEY
+from elastic_sharding.work import output_codec
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 pytestmark = pytest.mark.usefixtures("own_log_handlers")
@@ -92,10 +93,8 @@ def published_rows(jsonl: bytes) -> list[dict]:
 
 def position(job: Path, row_id: int) -> tuple[str, int]:
     """The shard output, and the line in it, that holds the row `row_id`."""
-    layout = JobLayout(job)
     for done in records(job):
-        processed = attempt_files(layout.attempt_dir(done["shard_id"], done["attempt_id"]))["processed"]
-        for number, line in enumerate(processed.read_bytes().splitlines(), 1):
+        for number, line in enumerate(output_lines(output_path(job, done)).splitlines(), 1):
             if orjson.loads(line)["id"] == row_id:
                 return done["shard_id"], number
     raise AssertionError(f"no row {row_id}")
@@ -289,7 +288,7 @@ def test_zstd_output_does_not_depend_on_the_worker_count_nor_on_how_it_is_fed():
 
     def compressed(workers: int, step: int) -> bytes:
         sink = io.BytesIO()
-        writer = zstd_output.compressor(workers).stream_writer(sink, size=len(data), closefd=False)
+        writer = output_codec.compressor(workers).stream_writer(sink, size=len(data), closefd=False)
         for start in range(0, len(data), step):
             writer.write(data[start : start + step])
         writer.close()
@@ -395,9 +394,9 @@ def test_an_object_that_never_has_a_field_rows_without_fields_or_a_number_past_6
 def test_a_changed_shard_output_is_refused_before_a_conversion_publishes(job, tmp_path):
     layout = JobLayout(job)
     done = orjson.loads(layout.done("part-00001-of-00004").read_bytes())
-    processed = layout.attempt_dir(done["shard_id"], done["attempt_id"]) / "processed.jsonl"
+    processed = output_path(job, done)
     st = processed.stat()
-    processed.write_bytes(processed.read_bytes().replace(b"sample", b"SAMPLE", 1))
+    rewrite_output(processed, lambda lines: lines.replace(b"sample", b"SAMPLE", 1))
     os.utime(processed, ns=(st.st_atime_ns, st.st_mtime_ns))
     for output in (tmp_path / "merged.parquet", tmp_path / "merged.jsonl.zst", tmp_path / "parts/"):
         with pytest.raises(IntegrityError, match="part-00001-of-00004: output .* does not match its completion record"):

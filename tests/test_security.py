@@ -20,6 +20,7 @@ import orjson
 import pytest
 from support.fakes import FakeRunner
 from support.jobs import refused, snapshot
+from support.outputs import output_path
 
 import elastic_sharding.work.worker
 from elastic_sharding import confined, fsops
@@ -133,8 +134,9 @@ def test_a_linked_state_directory_makes_every_command_refuse(make_job, outside, 
 
 
 def test_a_linked_shard_output_makes_merge_and_verify_refuse(done_job, outside, run_cli, tmp_path):
-    processed = attempt_files(only_attempt(done_job, S1))["processed"]
-    plant(processed, outside / "processed.jsonl")  # identical content: followed, both would pass
+    processed = output_path(done_job, orjson.loads(JobLayout(done_job).done(S1).read_bytes()))
+    assert processed.parent == only_attempt(done_job, S1) and processed.is_file()
+    plant(processed, outside / processed.name)  # identical content: followed, both would pass
     before = snapshot(outside)
     refused(
         run_cli("merge", "--job-dir", str(done_job), "--output", str(tmp_path / "m.jsonl")), S1, str(processed), "symbolic link"

@@ -19,7 +19,7 @@ import elastic_sharding.prepare.units as units_mod
 from elastic_sharding import progress
 from elastic_sharding.errors import InputError, IntegrityError
 from elastic_sharding.finish.merge import merge
-from elastic_sharding.layout import JobLayout
+from elastic_sharding.layout import JobLayout, processed_file
 from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.prepare.jsonl import HashingLineReader, Offload
 from elastic_sharding.prepare.normalize import SchemaNode
@@ -61,14 +61,14 @@ GOLDEN = {
 GOLDEN_ROWS = {1: [400], 3: [136, 133, 131], 7: [61, 57, 55, 57, 58, 56, 56]}
 
 
-def prepare_golden(tmp_path: Path, shards: int, name: str = "job") -> Path:
+def prepare_golden(tmp_path: Path, shards: int, name: str = "job", **settings) -> Path:
     dataset = tmp_path / "in.jsonl"
     if not dataset.exists():
         dataset.write_bytes(golden_input())
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE.format(dataset=dataset))
     job = tmp_path / name
-    prepare(PrepareRequest(recipe, None, job, shards, fast_settings()), quiet=True)
+    prepare(PrepareRequest(recipe, None, job, shards, fast_settings(**settings)), quiet=True)
     return job
 
 
@@ -131,8 +131,17 @@ def run_job(job: Path) -> None:
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
 
 
-def test_merge_in_small_blocks_is_identical_and_detects_truncation(tmp_path, monkeypatch):
-    job = prepare_golden(tmp_path, 3)
+# A truncated plain output is explained by its line; a compressed one is compared as stored (a
+# truncated zstd frame decompresses to whatever it still holds: validate._explain_stored).
+TRUNCATED = {
+    "none": r"processed\.jsonl:\d+: truncated",
+    "zstd": r"processed\.jsonl\.zst does not match its completion record \(stored zstd: bytes",
+}
+
+
+@pytest.mark.parametrize("codec", sorted(TRUNCATED))
+def test_merge_in_small_blocks_is_identical_and_detects_truncation(tmp_path, monkeypatch, codec):
+    job = prepare_golden(tmp_path, 3, shard_output_codec=codec)
     run_job(job)
     whole = tmp_path / "whole.jsonl"
     merge(job, whole, quiet=True)
@@ -145,9 +154,10 @@ def test_merge_in_small_blocks_is_identical_and_detects_truncation(tmp_path, mon
     layout = JobLayout(job)
     shard = layout.load_manifest().shards[1].shard_id
     done = orjson.loads(layout.done(shard).read_bytes())
-    processed = layout.attempt_dir(shard, done["attempt_id"]) / "processed.jsonl"
+    assert done["output_codec"] == codec
+    processed = processed_file(layout.attempt_dir(shard, done["attempt_id"]), codec)
     processed.write_bytes(processed.read_bytes()[:-1])
-    with pytest.raises(IntegrityError, match=rf"{shard}: .*processed.jsonl:\d+: truncated"):
+    with pytest.raises(IntegrityError, match=rf"{shard}: .*{TRUNCATED[codec]}"):
         merge(job, tmp_path / "bad.jsonl", quiet=True)
     assert not (tmp_path / "bad.jsonl").exists()
 

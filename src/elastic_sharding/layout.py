@@ -228,8 +228,15 @@ def attempt_files(attempt_dir: Path) -> dict[str, Path]:
         "log": attempt_dir / "process.log",
         "recipe": attempt_dir / "recipe.yaml",
         "ray_output": attempt_dir / "ray-output.jsonl",
-        "processed": attempt_dir / "processed.jsonl",
     }
+
+
+# An attempt's collected output, by how it is stored (`work/output_codec.py`).
+PROCESSED_NAMES = {"none": "processed.jsonl", "zstd": "processed.jsonl.zst"}
+
+
+def processed_file(attempt_dir: Path, codec: str = "none") -> Path:
+    return attempt_dir / PROCESSED_NAMES[codec]
 
 
 def preparing_dir(job_root: Path) -> Path:

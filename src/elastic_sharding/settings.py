@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any
 
 from elastic_sharding.errors import UsageError
+from elastic_sharding.vocabulary import OutputCodec
 
 DEFAULT_LOCK_TIMEOUT = 126000.0
 DEFAULT_MAX_RETRIES = 3
@@ -30,6 +31,8 @@ LAUNCHER_POLL_INTERVAL = 2.0
 DEFAULT_BACKUP_AFTER = 1.5
 DEFAULT_BACKUP_MIN_SECS = 3.0
 DEFAULT_BACKUP_SHARE = 0.1
+# How workers store shard outputs; chosen from bench/ `parquet` and `run` (docs/concepts/outputs.md).
+DEFAULT_OUTPUT_CODEC = OutputCodec.ZSTD.value
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Settings:
     backup_after: float = DEFAULT_BACKUP_AFTER
     backup_min_secs: float = DEFAULT_BACKUP_MIN_SECS
     backup_share: float = DEFAULT_BACKUP_SHARE
+    shard_output_codec: str = DEFAULT_OUTPUT_CODEC
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,14 @@ SETTINGS = (
         DEFAULT_BACKUP_SHARE,
         "at most this share of the live workers run backup attempts at once (always at least one)",
     ),
+    Setting(
+        "--shard-output-codec",
+        str,
+        DEFAULT_OUTPUT_CODEC,
+        DEFAULT_OUTPUT_CODEC,
+        "how workers store each shard's output in the job directory: zstd (processed.jsonl.zst) or none "
+        "(processed.jsonl); merged outputs are the same either way",
+    ),
 )
 
 # One optional override per setting (None: the manifest's value), derived from the fields.
@@ -185,6 +197,8 @@ def validate_settings(settings: Settings) -> None:
         )
     if not settings.ray_address:
         raise UsageError("--ray-address must not be empty")
+    if settings.shard_output_codec not in tuple(OutputCodec):
+        raise UsageError(f"--shard-output-codec must be one of {', '.join(OutputCodec)}, not {settings.shard_output_codec!r}")
     for flag, value in (
         ("--ray-num-cpus", settings.ray_num_cpus),
         ("--ray-object-store-mb", settings.ray_object_store_mb),

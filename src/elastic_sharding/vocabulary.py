@@ -73,6 +73,13 @@ class Refusal(StrEnum):
     NODE_FAILURES = "node-local failures"  # its attempts kept failing for reasons of the node
 
 
+class OutputCodec(StrEnum):
+    """How a shard's collected output is stored in the job directory (`work/output_codec.py`)."""
+
+    NONE = "none"
+    ZSTD = "zstd"
+
+
 # Claimed ahead: not started, so it has no age yet.
 WAITING_PHASES = frozenset({Phase.QUEUED})
 # Started but not processing rows yet.

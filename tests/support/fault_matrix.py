@@ -79,6 +79,7 @@ import tempfile
 import threading
 import time
 import traceback
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ import orjson  # noqa: E402
 
 from elastic_sharding.finish.merge import merge  # noqa: E402
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
+from elastic_sharding.layout import processed_file  # noqa: E402
 from elastic_sharding.prepare.job import PrepareRequest, prepare  # noqa: E402
 from elastic_sharding.prepare.plan import UNIT_BYTES_ENV, plan_units, write_units  # noqa: E402
 from elastic_sharding.records import Settings  # noqa: E402
@@ -451,10 +453,13 @@ class Harness:
         return {"PYTHONPATH": f"{SRC}{os.pathsep}{TESTS}", "PYTHONUNBUFFERED": "1", **extra}
 
     def worker(self, node: Node, job: Path, log: Path, delay: float, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """A fake worker; one in three stores its outputs plain (`--shard-output-codec none`, drawn
+        from its log's name, so a seed repeats it), so jobs mix both codecs."""
+        codec = "none" if zlib.crc32(str(log).encode()) % 3 == 0 else "zstd"
         handle = open(log, "ab")  # noqa: SIM115 - the child keeps it
         try:
             return node.popen(
-                worker_command(job, "--delay", f"{delay:.2f}", "--keep-fake-recipe"),
+                worker_command(job, "--delay", f"{delay:.2f}", "--keep-fake-recipe", "--shard-output-codec", codec),
                 env=self.env(**(env or {})),
                 stdout=subprocess.DEVNULL,
                 stderr=handle,
@@ -944,7 +949,7 @@ class Harness:
             before = self.node(1).read_bytes(out)
             done = orjson.loads(self.node(0).read_bytes(job / "state" / "done" / f"{shard}.json"))
             path = (
-                job / "attempts" / shard / done["attempt_id"] / "processed.jsonl"
+                processed_file(job / "attempts" / shard / done["attempt_id"], done.get("output_codec", "none"))
                 if target == "attempt output"
                 else job / "state" / "done" / f"{shard}.json"
             )

@@ -1,9 +1,10 @@
-"""merge's formats other than JSONL: the merged file, or one part per shard, converted from the
-shard outputs as they are read and proven (`zstd_output`, `parquet_output`).
+"""merge's files that are not plain shard outputs put together: the merged file, or one part per
+shard, converted from the shard outputs as they are read and proven (`zstd_output`,
+`parquet_output`, or JSONL decompressed from outputs stored compressed).
 
-JSONL is published by the kernel (copied at known offsets, or hard-linked); these are written by
-this process instead, through `HashingSink`, so the published file's sha256 and size come from
-the very bytes written. Either way a file appears only complete: the merged file under a
+JSONL from plain shard outputs is published by the kernel (copied at known offsets, or
+hard-linked); these are written by this process instead, through `HashingSink`, so the published
+file's sha256 and size come from the very bytes written. Either way a file appears only complete: the merged file under a
 temporary name committed at the end, a part inside the staging directory that is renamed whole.
 """
 
@@ -20,9 +21,10 @@ import pyarrow as pa
 from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.errors import UsageError
 from elastic_sharding.finish import parquet_output, zstd_output
+from elastic_sharding.finish.shard_reader import blocks
 from elastic_sharding.finish.validate import Source
 from elastic_sharding.fsops import HashingSink
-from elastic_sharding.output_formats import JSONL_ZST, PARQUET
+from elastic_sharding.output_formats import JSONL, JSONL_ZST, PARQUET
 from elastic_sharding.progress import Progress
 
 
@@ -46,7 +48,12 @@ def write(
 ) -> None:
     """`sources`, in order, as one file of `output_format` into `sink`; `advance` is told the
     bytes (jsonl.zst) or rows (parquet) done, as `progress_units` counts them."""
-    if output_format == JSONL_ZST:
+    if output_format == JSONL:
+        for source in sources:
+            for view in blocks(source, stop):
+                sink.write(view)
+                advance(len(view))
+    elif output_format == JSONL_ZST:
         zstd_output.write_zst(sources, sink, workers, stop, advance)
     elif output_format == PARQUET:
         assert schema is not None
@@ -56,10 +63,10 @@ def write(
 
 
 def progress_units(output_format: str, sources: list[Source]) -> tuple[int, str]:
-    """The total and unit of a conversion's progress: zstd counts bytes read, Parquet rows written."""
+    """The total and unit of a conversion's progress: JSONL lines' bytes read, or Parquet rows written."""
     if output_format == PARQUET:
         return sum(s.record.output_rows for s in sources), "rows"
-    return sum(s.identity.size for s in sources), "B"
+    return sum(s.record.output_bytes for s in sources), "B"
 
 
 def write_file(output_format: str, sources: list[Source], output: Path, overwrite: bool, quiet: bool) -> tuple[str, int]:

@@ -1,6 +1,8 @@
 """merge: revalidate every published shard output and publish them in manifest order, as one
 merged file or as a directory of one file per shard, in JSONL or (converted as they are read and
-proven, `converted.py`) zstd-compressed JSONL or Parquet.
+proven, `converted.py`) zstd-compressed JSONL or Parquet. Shard outputs stored plain (workers'
+`--shard-output-codec none`) are published as JSONL by the kernel, as follows; those stored
+compressed are decompressed as they are read, through `converted.py` too.
 
 A file is built under a temporary name with `copy_file_range` at offsets known from the completion
 records (one thread per shard, bounded by the CPUs; each range's writeback started as soon as it
@@ -51,12 +53,15 @@ from elastic_sharding.finish.parallel_copy import (
     check_same,
     copy_range,
     hash_file,
+    hash_range,
     link_or_copy,
     open_source,
     run_all,
     start_writeback,
     thread_count,
+    write_at,
 )
+from elastic_sharding.finish.shard_reader import blocks
 from elastic_sharding.finish.validate import (
     EMPTY_SHA256,
     SHARD_CHANGED,
@@ -138,8 +143,10 @@ def publish(
             if directory:
                 job_id = layout.load_manifest().job_id
                 sha256, size, index, trusted = _publish_directory(sources, output, overwrite, quiet, job_id, pool, fmt)
-            elif fmt == JSONL:
+            elif fmt == JSONL and all(s.record.is_plain for s in sources):
                 sha256, size = _write_merged(sources, output, overwrite, quiet), sum(s.identity.size for s in sources)
+            elif fmt == JSONL:
+                sha256, size = _write_decoded(sources, output, overwrite, quiet), sum(s.record.output_bytes for s in sources)
             else:
                 sha256, size = converted.write_file(fmt, sources, output, overwrite, quiet)
     except BaseException:
@@ -211,6 +218,45 @@ def _write_merged(sources: list[Source], output: Path, overwrite: bool, quiet: b
         wait(copies)
         _raise_first_failure(sources, digests, hash_failure, copies, output)
         assert merged is not None
+        if not out.commit():
+            raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
+    return merged
+
+
+def _write_decoded(sources: list[Source], output: Path, overwrite: bool, quiet: bool) -> str:
+    """JSONL from shard outputs stored compressed (some may be plain): each one decompressed and
+    proven on a thread of its own and written at its offset of `output`'s temporary file; the
+    merged file's sha256 is then read back in order (from the page cache), fsynced, published."""
+    stop = threading.Event()
+    total = sum(s.record.output_bytes for s in sources)
+    with (
+        fsops.atomic_output(output, replace=overwrite) as out,
+        LockedProgress("merge", total, quiet) as progress,
+        ThreadPoolExecutor(thread_count(len(sources)), thread_name_prefix="elastic-decode") as pool,
+    ):
+        fd = out.file.fileno()
+
+        def decode(source: Source) -> None:
+            position = source.offset
+            for view in blocks(source, stop):
+                write_at(fd, view, position)
+                position += len(view)
+                progress.update(len(view))
+            start_writeback(fd, source.offset, source.record.output_bytes)
+            _reached_merging()
+            progress.update(0, source.record.output_rows)
+
+        try:
+            run_all(pool, decode, sources, stop)
+            with fsops.reported_as(output, "reading its temporary file back"):
+                reader = os.open(out.tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                merged = hash_range(reader, total, BLOCK_SIZE)
+            finally:
+                os.close(reader)
+        except DestinationError as exc:
+            with fsops.reported_as(output, "writing its temporary file"):
+                raise exc.cause from None
         if not out.commit():
             raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
     return merged
@@ -338,6 +384,15 @@ def _publish_directory(
     return hashlib.sha256(data).hexdigest(), index.bytes, output / INDEX_NAME, trusted
 
 
+def _prove_empty(source: Source, stop: threading.Event) -> None:
+    """A shard output without rows is what its record says (stored compressed: its frame is read)."""
+    if source.record.is_plain:
+        check_digest(source, Content(EMPTY_SHA256, 0))
+    else:
+        for _ in blocks(source, stop):
+            pass
+
+
 def _entry(source: Source, name: str | None, size: int, sha256: str) -> IndexEntry:
     record = source.record
     return IndexEntry(name, record.shard_id, record.attempt_id, record.output_rows, size, sha256)
@@ -346,17 +401,23 @@ def _entry(source: Source, name: str | None, size: int, sha256: str) -> IndexEnt
 def _link_parts(
     sources: list[Source], output: Path, stage: Path, quiet: bool, pool: ThreadPoolExecutor
 ) -> list[tuple[IndexEntry, bool]]:
-    """Every shard output hard-linked (or copied) into `stage` once its bytes are proven."""
+    """Every shard output hard-linked (or copied) into `stage` once its bytes are proven; one
+    stored compressed is decompressed into its part."""
     block = BLOCK_SIZE
     stop = threading.Event()
     with LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
 
         def place(source: Source) -> tuple[IndexEntry, bool]:
             record = source.record
-            name = part_name(record.shard_id) if source.identity.size else None
+            name = part_name(record.shard_id) if record.output_bytes else None
             linked = False
             if name is None:
-                check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file (an empty one trips up some readers)
+                _prove_empty(source, stop)  # no rows: no file (an empty one trips up some readers)
+            elif not record.is_plain:
+                sha256, size = converted.write_part(JSONL, source, stage / name, output / name, None, stop)
+                _reached_merging()
+                progress.update(source.identity.size, record.output_rows)
+                return _entry(source, name, size, sha256), False
             else:
                 check_digest(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
                 try:
@@ -385,9 +446,9 @@ def _convert_parts(sources: list[Source], output: Path, stage: Path, quiet: bool
     ):
 
         def place(source: Source) -> tuple[IndexEntry, bool]:
-            name = part_name(source.record.shard_id, fmt) if source.identity.size else None
+            name = part_name(source.record.shard_id, fmt) if source.record.output_bytes else None
             if name is None:
-                check_digest(source, Content(EMPTY_SHA256, 0))  # no rows: no file, as for JSONL
+                _prove_empty(source, stop)  # no rows: no file, as for JSONL
                 return _entry(source, None, 0, EMPTY_SHA256), False
             sha256, size = converted.write_part(fmt, source, stage / name, output / name, schema, stop)
             _reached_merging()

@@ -136,6 +136,25 @@ def hash_file(path: Path, expected: Identity, block_size: int, stop: threading.E
         os.close(fd)
 
 
+def hash_range(fd: int, size: int, block_size: int) -> str:
+    """sha256 of the first `size` bytes of `fd`, a file this process has just written
+    (DestinationError if it cannot be read back)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(block_size)
+    view = memoryview(buffer)
+    done = 0
+    while done < size:
+        try:
+            n = os.preadv(fd, [view[: min(block_size, size - done)]], done)
+        except OSError as exc:
+            raise DestinationError(exc) from None
+        if not n:
+            raise DestinationError(OSError(f"it ends at byte {done} of {size} written"))
+        digest.update(view[:n])
+        done += n
+    return digest.hexdigest()
+
+
 class OrderedHasher:
     """sha256 of the concatenation of files, in order, and of each file on its own, reading every
     byte once: this thread reads and feeds the concatenation's digest, a helper thread feeds the
@@ -268,14 +287,20 @@ def _copy_by_hand(
             raise SourceError(exc) from None
         if not n:
             raise SourceError("it ended before its recorded size while being copied")
-        written = 0
-        while written < n:
-            try:
-                written += os.pwrite(dst, want[written:n], dst_offset + done + written)
-            except OSError as exc:
-                raise DestinationError(exc) from None
+        write_at(dst, want[:n], dst_offset + done)
         done += n
     return done
+
+
+def write_at(fd: int, data: memoryview | bytes, offset: int) -> None:
+    """All of `data` at `offset` of `fd` (pwrite may write less); DestinationError on failure."""
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        try:
+            written += os.pwrite(fd, view[written:], offset + written)
+        except OSError as exc:
+            raise DestinationError(exc) from None
 
 
 _SYNC_FILE_RANGE_WRITE = 2

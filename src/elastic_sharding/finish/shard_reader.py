@@ -13,15 +13,20 @@ import os
 import threading
 from collections.abc import Iterator
 
+import zstandard
+
 from elastic_sharding.finish.parallel_copy import Content, SourceError, Stopped, check_same, open_source
-from elastic_sharding.finish.validate import Source, check_digest, source_error
+from elastic_sharding.finish.validate import Source, check_digest, check_file, explain_mismatch, source_error
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 
 
 def blocks(source: Source, stop: threading.Event | None = None, block_size: int = BLOCK_SIZE) -> Iterator[memoryview]:
-    """Every byte of `source` in order, in blocks (each valid only until the next is asked for);
-    after the last one, an IntegrityError if the bytes are not the record's."""
+    """Every byte of `source`'s JSONL lines in order (decompressed if it is stored compressed), in
+    blocks (each valid only until the next is asked for); after the last one, an IntegrityError
+    if the bytes, or the file as stored, are not the record's."""
     digest = hashlib.sha256()
+    stored = None if source.record.is_plain else hashlib.sha256()
+    decoder = None if stored is None else zstandard.ZstdDecompressor().decompressobj()
     rows = size = 0
     buffer = bytearray(block_size)
     try:
@@ -37,17 +42,31 @@ def blocks(source: Source, stop: threading.Event | None = None, block_size: int 
                 if not n:
                     break
                 view = memoryview(buffer)[:n]
+                if decoder is None:
+                    rows += buffer.count(b"\n", 0, n)
+                else:
+                    stored.update(view)  # type: ignore[union-attr]
+                    try:
+                        data = decoder.decompress(view)
+                    except zstandard.ZstdError as exc:
+                        raise SourceError(f"{source.path}: not a valid zstd frame ({exc})") from None
+                    rows += data.count(b"\n")
+                    view = memoryview(data)
                 digest.update(view)
-                rows += buffer.count(b"\n", 0, n)
-                size += n
-                yield view
+                size += len(view)
+                if view:
+                    yield view
             check_same(fd, source.path, source.identity)
-            if size != source.identity.size:
+            if decoder is None and size != source.identity.size:
                 raise SourceError(f"{source.path} changed while it was being merged")
         finally:
             os.close(fd)
     except SourceError as exc:
         raise source_error(source.record, source.path, exc) from None
+    if stored is not None:
+        check_file(source, Content(stored.hexdigest(), rows))
+    if size != source.record.output_bytes:
+        explain_mismatch(source.record, source.path)
     check_digest(source, Content(digest.hexdigest(), rows))
 
 

@@ -30,7 +30,7 @@ from elastic_sharding.finish.parallel_copy import (
     run_all,
     thread_count,
 )
-from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.layout import JobLayout, processed_file
 from elastic_sharding.observe.snapshot import counts, job_views
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
@@ -103,7 +103,7 @@ def _segment_outputs(layout: JobLayout, manifest: Manifest, lock_timeout: float 
             attempt_dir = layout.existing_attempt_dir(view.shard_id, record.attempt_id)
         except confined.LinkRefused as exc:
             raise IntegrityError(f"{view.shard_id}: {exc}") from None
-        result.append((record, attempt_files(attempt_dir)["processed"]))
+        result.append((record, processed_file(attempt_dir, record.output_codec)))
     return result
 
 
@@ -121,12 +121,13 @@ def read_completion(layout: JobLayout, shard_id: str) -> CompletionRecord:
 
 @dataclass(frozen=True)
 class Source:
-    """A shard output about to be merged: what it was when first looked at, and where it goes."""
+    """A shard output about to be merged: what its file was when first looked at, and where its
+    JSONL lines go."""
 
     record: CompletionRecord
     path: Path
     identity: Identity
-    offset: int  # in a merged file
+    offset: int  # in a merged JSONL file
 
 
 def source_error(record: CompletionRecord, path: Path, exc: SourceError) -> IntegrityError:
@@ -139,7 +140,9 @@ def source_error(record: CompletionRecord, path: Path, exc: SourceError) -> Inte
 def explain_mismatch(record: CompletionRecord, source: Path) -> NoReturn:
     """Re-read (and parse) an output whose size or sha256 differs from its record, to say how."""
     try:
-        stats = file_stats(source)
+        if not record.is_plain:
+            _explain_stored(record, source)
+        stats = file_stats(source, codec=record.output_codec)
     except FileNotFoundError:
         raise IntegrityError(f"{record.shard_id}: output {source} is missing") from None
     except (OSError, ValueError) as exc:
@@ -148,6 +151,23 @@ def explain_mismatch(record: CompletionRecord, source: Path) -> NoReturn:
         f"{record.shard_id}: output {source} does not match its completion record "
         f"(rows {stats.rows} vs {record.output_rows}, bytes {stats.bytes} vs {record.output_bytes}, "
         f"sha256 {stats.sha256[:12]} vs {record.output_sha256[:12]})"
+    )
+
+
+def _explain_stored(record: CompletionRecord, source: Path) -> None:
+    """A compressed output that is not the file its record stored is described as stored (a
+    truncated zstd frame decompresses to whatever it still holds, which says nothing); one that
+    is returns, and its lines are compared."""
+    digest = hashlib.sha256()
+    with confined.open_read(source, buffering=0) as handle:
+        for block in iter(lambda: handle.read(BLOCK_SIZE), b""):
+            digest.update(block)
+    size = source.stat().st_size
+    if (size, digest.hexdigest()) == (record.file_bytes, record.file_sha256):
+        return
+    raise IntegrityError(
+        f"{record.shard_id}: output {source} does not match its completion record "
+        f"(stored {record.output_codec}: bytes {size} vs {record.file_bytes}, sha256 {digest.hexdigest()[:12]} vs {record.file_sha256[:12]})"
     )
 
 
@@ -161,7 +181,7 @@ def identify_output(record: CompletionRecord, path: Path) -> Identity:
         raise source_error(record, path, exc) from None
     except OSError as exc:
         raise IntegrityError(f"{record.shard_id}: {exc}") from None
-    if identity.size != record.output_bytes:
+    if identity.size != record.file_bytes:
         explain_mismatch(record, path)
     return identity
 
@@ -171,7 +191,7 @@ def sources_of(shards: list[tuple[CompletionRecord, Path]], pool: ThreadPoolExec
     sources, offset = [], 0
     for (record, path), identity in zip(shards, identities):
         sources.append(Source(record, path, identity, offset))
-        offset += identity.size
+        offset += record.output_bytes
     return sources
 
 
@@ -183,11 +203,25 @@ def guarded(source: Source, work: Callable[[], Any]) -> Any:
 
 
 def recorded_content(record: CompletionRecord) -> Content:
+    """What a read of a plain output's file must find."""
     return Content(record.output_sha256, record.output_rows)
 
 
+def file_matches(record: CompletionRecord, content: Content) -> bool:
+    """Whether one read of an output's file as stored proves it (a compressed file: by its own
+    sha256, which was taken as it was written)."""
+    return content == recorded_content(record) if record.is_plain else content.sha256 == record.file_sha256
+
+
 def check_digest(source: Source, content: Content) -> None:
+    """`content`, read from the output's JSONL lines, must be the record's."""
     if content != recorded_content(source.record):
+        explain_mismatch(source.record, source.path)
+
+
+def check_file(source: Source, content: Content) -> None:
+    """`content`, read from the output's file as stored, must be the record's."""
+    if not file_matches(source.record, content):
         explain_mismatch(source.record, source.path)
 
 
@@ -196,8 +230,12 @@ def validate_outputs(shards: list[tuple[CompletionRecord, Path]], quiet: bool = 
     """Hash every shard output (in parallel) and check it against its completion record.
 
     The record's sha256 was taken over a fully validated file when the shard was published, so a
-    match proves every line is still that validated JSON object: one read, no per-line parsing.
-    Only a mismatch re-reads the file, to say which line is wrong."""
+    match proves every line is still that validated JSON object: one read, no per-line parsing
+    (a compressed output is decompressed on that read: its record's rows, bytes and sha256 of the
+    lines are proven with the stored file's). Only a mismatch re-reads the file, to say which
+    line is wrong."""
+    from elastic_sharding.finish.shard_reader import blocks  # it reads through this module's checks
+
     block = BLOCK_SIZE
     with ThreadPoolExecutor(thread_count(len(shards)), thread_name_prefix="elastic-verify") as pool:
         sources = sources_of(shards, pool)
@@ -205,12 +243,15 @@ def validate_outputs(shards: list[tuple[CompletionRecord, Path]], quiet: bool = 
         with LockedProgress("verify", sum(s.identity.size for s in sources), quiet) as progress:
 
             def check(source: Source) -> None:
-                digest = guarded(source, lambda: hash_file(source.path, source.identity, block, stop))
-                check_digest(source, digest)
+                if source.record.is_plain:
+                    check_file(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
+                else:
+                    for _ in blocks(source, stop):
+                        pass
                 progress.update(source.identity.size, source.record.output_rows)
 
             run_all(pool, check, sources, stop)
-    return {(s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.output_sha256) for s in sources}
+    return {(s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.file_sha256) for s in sources}
 
 
 class LockedProgress(Progress):

@@ -14,18 +14,9 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
-import zstandard
-
 from elastic_sharding.finish.shard_reader import blocks
 from elastic_sharding.finish.validate import Source
-
-LEVEL = 3
-MAX_WORKERS = 32
-
-
-def compressor(workers: int) -> zstandard.ZstdCompressor:
-    """A compressor whose output does not depend on `workers` (at least one is used)."""
-    return zstandard.ZstdCompressor(level=LEVEL, threads=max(1, min(workers, MAX_WORKERS)), write_checksum=True)
+from elastic_sharding.work.output_codec import compressor
 
 
 def write_zst(
@@ -37,7 +28,7 @@ def write_zst(
 ) -> None:
     """Compress every shard output in order into `sink` as one frame, each proven on the same
     read. On failure the frame is left unfinished: the caller discards the file."""
-    size = sum(source.identity.size for source in sources)
+    size = sum(source.record.output_bytes for source in sources)
     writer = compressor(workers).stream_writer(sink, size=size, closefd=False)
     for source in sources:
         for view in blocks(source, stop):

@@ -132,6 +132,24 @@ class CompletionRecord:
     # Seconds the shard had its worker's processing to itself (the publisher's clock; overlap
     # with the worker's previous shard left out): what backups compare shards by.
     processing_secs: float | None = None
+    # How the output is stored (`work/output_codec.py`): the `output_*` fields describe its JSONL
+    # lines, these the file on disk. Records written before compressed outputs are plain JSONL.
+    output_codec: str = "none"
+    stored_bytes: int | None = None
+    stored_sha256: str | None = None
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether the output file is its JSONL lines themselves."""
+        return self.output_codec == "none"
+
+    @property
+    def file_bytes(self) -> int:
+        return self.output_bytes if self.is_plain or self.stored_bytes is None else self.stored_bytes
+
+    @property
+    def file_sha256(self) -> str:
+        return self.output_sha256 if self.is_plain or self.stored_sha256 is None else self.stored_sha256
 
 
 @dataclass

@@ -30,7 +30,7 @@ from elastic_sharding.claims.history import count_failures, read_attempt
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted, JobStateError
-from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids
+from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids, processed_file
 from elastic_sharding.records import (
     AttemptRecord,
     CompletionRecord,
@@ -186,7 +186,8 @@ class AttemptSteps:
             processing_secs = self._processing_secs(heartbeat)
             ctx.set_phase(Phase.COLLECTING_OUTPUT, rows_done=spec.rows, bytes_done=spec.bytes)
             try:
-                stats = collect(ctx.ray_output, files["processed"], spec.first_row, spec.rows)
+                codec = self.settings.shard_output_codec
+                stats = collect(ctx.ray_output, processed_file(ctx.attempt_dir, codec), spec.first_row, spec.rows, codec)
             except OSError as exc:
                 raise AttemptFailed(f"collecting output failed: {exc}") from None
             ctx.set_phase(Phase.PUBLISHING)
@@ -204,6 +205,9 @@ class AttemptSteps:
                 started_at=record.started_at,
                 finished_at=time.time(),
                 processing_secs=processing_secs,
+                output_codec=codec,
+                stored_bytes=stats.stored_bytes,
+                stored_sha256=stats.stored_sha256,
             )
             record = replace(record, output_rows=stats.rows, output_bytes=stats.bytes, output_sha256=stats.sha256)
             crashpoints.reached("publishing")
@@ -325,7 +329,7 @@ class AttemptSteps:
         # A warm runtime may still be ending a cancelled attempt: removed again at the exit.
         self._remove_raw(ctx.ray_output, again_at_exit=self.overlaps)
         if beaten:
-            self._after_beaten(claim, record, files["processed"])
+            self._after_beaten(claim, record, ctx.attempt_dir)
             return
         if node_local:
             self.health.failed(error)
@@ -396,11 +400,11 @@ class AttemptSteps:
         except OSError:
             return False
 
-    def _after_beaten(self, claim: Claim, record: AttemptRecord, processed: Path) -> None:
+    def _after_beaten(self, claim: Claim, record: AttemptRecord, attempt_dir: Path) -> None:
         """Another attempt of the shard published first: nothing of this one is used. The owner
         of record marks the claim done; two finished outputs that differ are reported loudly."""
         winner = self.claims.lost_to(claim)
-        remove_unused_output(processed)
+        remove_unused_output(attempt_dir)
         if self.claims.holds(claim):
             self.claims.finish(claim, ClaimStatus.DONE)
         self.scanner.mark_terminal(claim.shard_id, ClaimStatus.DONE)
@@ -461,7 +465,7 @@ class AttemptSteps:
                 log.info("removing the raw output %s, left behind by an attempt", files["ray_output"])
                 self._remove_raw(files["ray_output"])
             if published is not None and name != published:
-                remove_unused_output(files["processed"])
+                remove_unused_output(root / name)
 
     def _remove_raw_leftovers(self) -> None:
         leftovers, self._raw_leftovers = self._raw_leftovers, set()

@@ -1,4 +1,5 @@
-"""Collect a runner's output into one validated `processed.jsonl` in input order.
+"""Collect a runner's output into one validated shard output (`processed.jsonl`, or
+`processed.jsonl.zst` as `work/output_codec.py` stores it) in input order.
 
 Ray writes a directory of part files (one per block) whose order is not the input order, or a
 0-byte file when every row was filtered out. Every shard row carries its global input index in
@@ -6,7 +7,7 @@ Ray writes a directory of part files (one per block) whose order is not the inpu
 their order) and removes it, keeping the rest of each exported line byte for byte.
 
 Once collected, the raw export is a second copy of the shard's output that nothing reads (merge,
-status and verify read `processed.jsonl` only): the worker removes it (`remove_raw_output`)
+status and verify read the collected output only): the worker removes it (`remove_raw_output`)
 before it publishes the completion, so a job directory holds each output once.
 """
 
@@ -26,8 +27,11 @@ import orjson
 
 from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.errors import AttemptFailed, InputError
+from elastic_sharding.layout import PROCESSED_NAMES
 from elastic_sharding.prepare.jsonl import parse_object
 from elastic_sharding.records import ROW_KEY
+from elastic_sharding.vocabulary import OutputCodec
+from elastic_sharding.work.output_codec import encoder, open_lines
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +40,13 @@ _PREFIX = b'{"' + ROW_KEY.encode() + b'":'
 
 @dataclass
 class OutputStats:
+    """An output's JSONL lines; and, stored compressed, the file's own size and sha256."""
+
     rows: int
     bytes: int
     sha256: str
+    stored_bytes: int | None = None
+    stored_sha256: str | None = None
 
 
 def part_files(ray_output: Path) -> list[Path]:
@@ -77,23 +85,24 @@ def remove_raw_output(ray_output: Path) -> bool:
     return not confined.lexists(ray_output)
 
 
-def remove_unused_output(processed: Path) -> None:
-    """Delete an attempt's collected output that the shard's completion does not name, with the
-    temporary files a collect killed midway left beside it (links removed, never followed)."""
+def remove_unused_output(attempt_dir: Path) -> None:
+    """Delete an attempt's collected output (stored either way) that the shard's completion does
+    not name, with the temporary files a collect killed midway left beside it (links removed,
+    never followed)."""
     try:
-        entries = confined.list_dir(processed.parent)
+        entries = confined.list_dir(attempt_dir)
     except OSError as exc:
-        log.warning("cannot look for unused output in %s: %s", processed.parent, exc)
+        log.warning("cannot look for unused output in %s: %s", attempt_dir, exc)
         return
-    temp_prefix = f".{processed.name}.tmp-"
+    prefixes = tuple(f".{name}.tmp-" for name in PROCESSED_NAMES.values())
     for name, found in sorted(entries.items()):
-        if found != "dir" and (name == processed.name or name.startswith(temp_prefix)):
+        if found != "dir" and (name in PROCESSED_NAMES.values() or name.startswith(prefixes)):
             try:
-                os.unlink(processed.parent / name)
+                os.unlink(attempt_dir / name)
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                log.warning("could not remove the unused output %s: %s", processed.parent / name, exc)
+                log.warning("could not remove the unused output %s: %s", attempt_dir / name, exc)
 
 
 def _output_object(line: bytes, where: str) -> dict:
@@ -134,35 +143,41 @@ def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator
             yield index, rank, lineno, body
 
 
-def _write(processed: Path, rows: Iterable[tuple[int, int, int, bytes]]) -> OutputStats:
+def _write(processed: Path, codec: str, rows: Iterable[tuple[int, int, int, bytes]]) -> OutputStats:
     """Write rows that must arrive in (index, part, line) order; raises _OutOfOrder otherwise."""
     digest = hashlib.sha256()
     size = count = 0
     previous = (-1, -1, -1)
     with fsops.atomic_output(processed) as out:
-        for index, rank, lineno, body in rows:
-            key = (index, rank, lineno)
-            if key < previous:
-                raise _OutOfOrder
-            previous = key
-            data = body + b"\n"
-            out.write(data)
-            digest.update(data)
-            size += len(data)
-            count += 1
-            if count == 1:
-                out.flush()
-                crashpoints.reached("collecting")
+        stored = fsops.HashingSink(out)  # type: ignore[arg-type]  # errors name the output
+        with encoder(codec, stored) as lines:
+            for index, rank, lineno, body in rows:
+                key = (index, rank, lineno)
+                if key < previous:
+                    raise _OutOfOrder
+                previous = key
+                data = body + b"\n"
+                lines.write(data)
+                digest.update(data)
+                size += len(data)
+                count += 1
+                if count == 1:
+                    stored.flush()  # not the compressor's: a flush would end a zstd block here
+                    crashpoints.reached("collecting")
         out.commit()
-    return OutputStats(rows=count, bytes=size, sha256=digest.hexdigest())
+    stats = OutputStats(rows=count, bytes=size, sha256=digest.hexdigest())
+    if OutputCodec(codec) is not OutputCodec.NONE:
+        stats.stored_bytes, stats.stored_sha256 = stored.size, stored.digest.hexdigest()
+    return stats
 
 
 class _OutOfOrder(Exception):
     pass
 
 
-def collect(ray_output: Path, processed: Path, first_row: int, rows: int) -> OutputStats:
-    """Write `processed` (atomically) from Ray's part files, validated and in input order.
+def collect(ray_output: Path, processed: Path, first_row: int, rows: int, codec: str = OutputCodec.NONE) -> OutputStats:
+    """Write `processed` (atomically, stored as `codec`) from Ray's part files, validated and in
+    input order.
 
     Rows inside one part file come in input order, so a streaming k-way merge of the parts
     suffices and memory stays constant; should a part ever be out of order internally, the
@@ -172,16 +187,17 @@ def collect(ray_output: Path, processed: Path, first_row: int, rows: int) -> Out
     last_row = first_row + rows
     streams = [_read_part(part, rank, first_row, last_row) for rank, part in enumerate(parts)]
     try:
-        return _write(processed, heapq.merge(*streams))
+        return _write(processed, codec, heapq.merge(*streams))
     except _OutOfOrder:
         everything = sorted(row for rank, part in enumerate(parts) for row in _read_part(part, rank, first_row, last_row))
-        return _write(processed, everything)
+        return _write(processed, codec, everything)
 
 
-def validated_lines(path: Path) -> Iterator[bytes]:
-    """Yield a JSONL file's lines (with newline); ValueError names the file and line of the first
-    line that is truncated or not a JSON object; a symbolic link raises LinkRefused, unread."""
-    with confined.open_read(path, buffering=1 << 20) as handle:
+def validated_lines(path: Path, codec: str = OutputCodec.NONE) -> Iterator[bytes]:
+    """Yield a JSONL file's lines (with newline), read through `codec`; ValueError names the file
+    and line of the first line that is truncated or not a JSON object; a symbolic link raises
+    LinkRefused, unread."""
+    with open_lines(path, codec) as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.endswith(b"\n"):
                 raise ValueError(f"{path}:{lineno}: truncated (no newline at end)")
@@ -192,11 +208,12 @@ def validated_lines(path: Path) -> Iterator[bytes]:
             yield line
 
 
-def file_stats(path: Path, sink: BinaryIO | None = None) -> OutputStats:
-    """Re-read and validate a JSONL file: rows, bytes and sha256, copying it to `sink` if given."""
+def file_stats(path: Path, sink: BinaryIO | None = None, codec: str = OutputCodec.NONE) -> OutputStats:
+    """Re-read and validate a JSONL file stored as `codec`: rows, bytes and sha256 of its lines,
+    copying them to `sink` if given."""
     digest = hashlib.sha256()
     rows = size = 0
-    for line in validated_lines(path):
+    for line in validated_lines(path, codec):
         digest.update(line)
         if sink is not None:
             sink.write(line)

@@ -27,10 +27,12 @@ from elastic_sharding.dedup.cooperate import KEEP, StageParticipant
 from elastic_sharding.dedup.rules import DedupRule
 from elastic_sharding.dedup.stage import DedupPlan, DedupStage
 from elastic_sharding.errors import IntegrityError, JobStateError
-from elastic_sharding.layout import JobLayout, StageLayout, attempt_files
+from elastic_sharding.layout import JobLayout, StageLayout, processed_file
 from elastic_sharding.records import ROW_KEY, CompletionRecord, KeptShard, Manifest, SegmentSpec, ShardSpec, load
 from elastic_sharding.settings import Settings
+from elastic_sharding.vocabulary import OutputCodec
 from elastic_sharding.work.collect import strip_row_key
+from elastic_sharding.work.output_codec import open_lines
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,12 @@ class SegmentOutput:
         self.segment = segment
         self.manifest = manifest
 
-    def source(self, shard_index: int) -> tuple[Path, str, int]:
-        """(file, sha256, rows) of one shard's output, from its validated completion record."""
+    def source(self, shard_index: int) -> tuple[Path, str, int, str]:
+        """(file, sha256 and rows of its lines, codec it is stored in) of one shard's output, from
+        its validated completion record."""
         spec: ShardSpec = self.manifest.shards[shard_index]
         if not self.segment.has_ops:
-            return self.layout.shard_input(spec.shard_id), spec.sha256, spec.rows
+            return self.layout.shard_input(spec.shard_id), spec.sha256, spec.rows, OutputCodec.NONE
         record = load(CompletionRecord, self.layout.done(spec.shard_id))
         if record.shard_id != spec.shard_id or record.input_sha256 != spec.sha256 or record.input_rows != spec.rows:
             raise IntegrityError(
@@ -63,7 +66,7 @@ class SegmentOutput:
                 "restore the job directory as it was, or run the job again into a new --job-dir"
             )
         attempt_dir = self.layout.existing_attempt_dir(spec.shard_id, record.attempt_id)
-        return attempt_files(attempt_dir)["processed"], record.output_sha256, record.output_rows
+        return processed_file(attempt_dir, record.output_codec), record.output_sha256, record.output_rows, record.output_codec
 
     def is_ready(self, shard_index: int) -> bool:
         return not self.segment.has_ops or confined.lexists(self.layout.done(self.manifest.shards[shard_index].shard_id))
@@ -71,10 +74,10 @@ class SegmentOutput:
     def lines(self, shard_index: int) -> Iterator[bytes]:
         """The shard's output lines (no newline, no ordering key); IntegrityError at the end if
         the file is not the one its record names."""
-        path, sha256, rows = self.source(shard_index)
+        path, sha256, rows, codec = self.source(shard_index)
         digest = hashlib.sha256()
         count = 0
-        with confined.open_read(path, buffering=1 << 20) as handle:
+        with open_lines(path, codec) as handle:
             for lineno, line in enumerate(handle, 1):
                 digest.update(line)
                 count += 1
@@ -153,7 +156,7 @@ class StageWork:
         shard_id = self.shard_ids[shard_index]
         target = self.next_layout.shard_input(shard_id)
         fsops.ensure_dir(self.next_layout.shards_dir)
-        path, input_sha256, input_rows = self.output.source(shard_index)
+        _, input_sha256, input_rows, _ = self.output.source(shard_index)
         keyed = self.segment.has_ops
         dropped = set(drops.tolist())
         digest = hashlib.sha256()
