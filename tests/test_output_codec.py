@@ -82,6 +82,21 @@ def test_outputs_stored_compressed_publish_the_same_bytes_in_every_format_and_fo
             assert a == b and a, (fmt, directory)
 
 
+@pytest.mark.parametrize(("fmt", "stored_as"), [("jsonl", "none"), ("jsonl.zst", "zstd")])
+def test_a_directory_output_links_the_outputs_already_stored_in_its_format(two_jobs, tmp_path, fmt, stored_as):
+    for codec, job in two_jobs.items():
+        target = tmp_path / f"{codec}-{fmt}"
+        merge(job, target, quiet=True, output_format=fmt, directory=True)
+        stored = {output_path(job, r).stat().st_ino for r in records(job) if r["output_rows"]}
+        parts = {p.stat().st_ino for p in target.iterdir() if p.name.endswith(suffix(fmt))}
+        assert len(parts) == 4
+        if codec == stored_as:
+            assert parts == stored, "every part is its shard output, hard-linked"
+        else:
+            assert not parts & stored, "outputs stored the other way are converted, never linked"
+        verify(job, output=target)
+
+
 def test_workers_of_one_job_may_store_outputs_differently(make_job, tmp_path):
     data = [{"id": i, "text": "t" * i} for i in range(60)]
     job = make_job(shards=6, data=data)

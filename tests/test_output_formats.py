@@ -201,7 +201,11 @@ def test_jsonl_zst_is_the_jsonl_merge_compressed_in_both_forms(job, tmp_path):
     record = merge(job, f"{out}/", quiet=True, output_format="jsonl.zst")
     names = sorted(os.listdir(out))
     assert names == [INDEX_NAME, *(f"part-0000{i}-of-00004.jsonl.zst" for i in (0, 1, 3))], "a shard without rows: no part"
-    parts = b"".join(zstandard.ZstdDecompressor().decompress((out / n).read_bytes()) for n in names[1:])
+    frames = [(out / n).read_bytes() for n in names[1:]]
+    assert {zstandard.get_frame_parameters(f).content_size for f in frames} == {zstandard.CONTENTSIZE_UNKNOWN}, (
+        "a part is a frame as a worker stores a shard output: no content size"
+    )
+    parts = b"".join(zstandard.ZstdDecompressor().decompressobj().decompress(f) for f in frames)
     assert parts == jsonl, "the parts, decompressed in name order, are the JSONL merge"
     index = orjson.loads((out / INDEX_NAME).read_bytes())
     assert index["output_format"] == "jsonl.zst" and record.output_format == "jsonl.zst"

@@ -316,7 +316,7 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
             "--output",
             required=True,
             help="final merged file, or a directory (ending in /, or existing): one file per shard in manifest order plus "
-            "an index (JSONL parts hard-linked where possible); missing directories are created",
+            "an index (a part is a hard link to its shard output where that is stored in the part's format); missing directories are created",
         )
         _add_output_format(p)
         p.add_argument("--lock-timeout-secs", type=float, help="used while computing pre-merge status")

@@ -45,16 +45,18 @@ def write(
     workers: int,
     advance: Callable[[int], None] = lambda n: None,
     stop: threading.Event | None = None,
+    part: bool = False,
 ) -> None:
-    """`sources`, in order, as one file of `output_format` into `sink`; `advance` is told the
-    bytes (jsonl.zst) or rows (parquet) done, as `progress_units` counts them."""
+    """`sources`, in order, as one file of `output_format` into `sink` (a directory output's
+    `part`, or the merged file); `advance` is told the bytes (jsonl.zst) or rows (parquet) done,
+    as `progress_units` counts them."""
     if output_format == JSONL:
         for source in sources:
             for view in blocks(source, stop):
                 sink.write(view)
                 advance(len(view))
     elif output_format == JSONL_ZST:
-        zstd_output.write_zst(sources, sink, workers, stop, advance)
+        zstd_output.write_zst(sources, sink, workers, stop, advance, part)
     elif output_format == PARQUET:
         assert schema is not None
         parquet_output.write_parquet(sources, schema, sink, stop, advance)
@@ -95,7 +97,7 @@ def write_part(
         fd = confined.open_nofollow(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with os.fdopen(fd, "wb", buffering=1 << 20) as file:
             sink = HashingSink(file)
-            write(output_format, [source], sink, schema, 1, stop=stop)
+            write(output_format, [source], sink, schema, 1, stop=stop, part=True)
             file.flush()
             os.fsync(file.fileno())
     return sink.digest.hexdigest(), sink.size

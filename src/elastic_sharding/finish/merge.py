@@ -77,14 +77,18 @@ from elastic_sharding.finish.validate import (
     sources_of,
 )
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.output_formats import JSONL, PARQUET, choose_format, part_name
+from elastic_sharding.output_formats import JSONL, JSONL_ZST, PARQUET, choose_format, part_name
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
 from elastic_sharding.records import IndexEntry, MergeShard, OutputIndex, PublishRecord, encode
+from elastic_sharding.vocabulary import OutputCodec
 
 log = logging.getLogger(__name__)
 
 PARQUET_PART_THREADS = 4  # converting rows holds the GIL: more threads would only hold more row groups in memory
+# The directory-output formats whose part is a shard output stored one way, byte for byte
+# (`work/output_codec.py`, `zstd_output`): such a part is a hard link to it.
+LINKED_PARTS = {JSONL: OutputCodec.NONE, JSONL_ZST: OutputCodec.ZSTD}
 
 
 def merge(
@@ -349,8 +353,8 @@ def _publish_directory(
     returns the index's sha256, the parts' bytes, the index's path and the linked files."""
     stage = make_staging_dir(output)
     try:
-        if fmt == JSONL:
-            placed = _link_parts(sources, output, stage, quiet, pool)
+        if fmt in LINKED_PARTS:
+            placed = _link_parts(sources, output, stage, quiet, pool, fmt)
         else:
             placed = _convert_parts(sources, output, stage, quiet, fmt)
         entries = [entry for entry, _ in placed]
@@ -374,10 +378,10 @@ def _publish_directory(
     except BaseException:
         remove_tree(stage)
         raise
-    if fmt == JSONL:
-        log.info("%d of %d file(s) hard-linked to their shard output, %d copied", links, index.files, index.files - links)
+    if fmt in LINKED_PARTS:
+        log.info("%d of %d file(s) hard-linked to their shard output, %d written", links, index.files, index.files - links)
     trusted = {
-        (s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.output_sha256)
+        (s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.file_sha256)
         for s, (_, was_linked) in zip(sources, placed)
         if was_linked
     }
@@ -399,35 +403,39 @@ def _entry(source: Source, name: str | None, size: int, sha256: str) -> IndexEnt
 
 
 def _link_parts(
-    sources: list[Source], output: Path, stage: Path, quiet: bool, pool: ThreadPoolExecutor
+    sources: list[Source], output: Path, stage: Path, quiet: bool, pool: ThreadPoolExecutor, fmt: str
 ) -> list[tuple[IndexEntry, bool]]:
-    """Every shard output hard-linked (or copied) into `stage` once its bytes are proven; one
-    stored compressed is decompressed into its part."""
+    """Every shard output stored as `fmt`'s part hard-linked (or copied) into `stage` once its
+    bytes are proven; one stored otherwise is converted into its part (the same bytes)."""
     block = BLOCK_SIZE
     stop = threading.Event()
     with LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
 
         def place(source: Source) -> tuple[IndexEntry, bool]:
             record = source.record
-            name = part_name(record.shard_id) if record.output_bytes else None
-            linked = False
+            name = part_name(record.shard_id, fmt) if record.output_bytes else None
             if name is None:
                 _prove_empty(source, stop)  # no rows: no file (an empty one trips up some readers)
-            elif not record.is_plain:
-                sha256, size = converted.write_part(JSONL, source, stage / name, output / name, None, stop)
+                progress.update(source.identity.size)
+                return _entry(source, None, 0, EMPTY_SHA256), False
+            if record.output_codec != LINKED_PARTS[fmt]:
+                sha256, size = converted.write_part(fmt, source, stage / name, output / name, None, stop)
                 _reached_merging()
                 progress.update(source.identity.size, record.output_rows)
                 return _entry(source, name, size, sha256), False
-            else:
+            if record.is_plain:
                 check_digest(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
-                try:
-                    linked = guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
-                except DestinationError as exc:
-                    with fsops.reported_as(output / name, "copying the shard output into it"):
-                        raise exc.cause from None
-                _reached_merging()
+            else:
+                for _ in blocks(source, stop):  # the stored file and its lines, against the record
+                    pass
+            try:
+                linked = guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
+            except DestinationError as exc:
+                with fsops.reported_as(output / name, "copying the shard output into it"):
+                    raise exc.cause from None
+            _reached_merging()
             progress.update(source.identity.size, record.output_rows)
-            return _entry(source, name, record.output_bytes, record.output_sha256), linked
+            return _entry(source, name, record.file_bytes, record.file_sha256), linked
 
         return run_all(pool, place, sources, stop)
 
