@@ -42,11 +42,7 @@ def run_case(slurm: SlurmCluster, shape: str, busy_secs: float, shards: int, log
     nodes = len(slurm.node_names)
     if busy_secs:
         blocker = slurm.submit(
-            f"#!/bin/bash\nsleep {busy_secs}\n",
-            f"--nodes={nodes - 1}",
-            "--job-name=other-user",
-            "--exclusive",
-            "--output=/dev/null",
+            f"#!/bin/bash\nsleep {busy_secs}\n", f"--nodes={nodes - 1}", "--job-name=other-user", "--exclusive"
         )
         slurm.wait_for(lambda: slurm.job(blocker)["JobState"] == "RUNNING", 30, what="the other job running")
     job = slurm.mount / f"{shape}-{'busy' if busy_secs else 'idle'}"

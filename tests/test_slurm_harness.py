@@ -67,9 +67,12 @@ def test_jobs_arrays_requeue_and_a_clean_stop(slurm):
     assert {job["state"] for job in harness.jobs(all_states=True)} == {"COMPLETED"}
 
     # Stop with a two-node step still running: every job process and daemon goes, by pid and namespace.
-    running = harness.submit("#!/bin/sh\nsrun sleep 300\n", "--nodes=2", "--output=/dev/null")
+    running = harness.submit("#!/bin/sh\nsrun sleep 300\n", "--nodes=2")
     harness.wait_for(lambda: sum(_comm(pid) == "sleep" for pid in harness.job_processes()) == 2, 30, what="steps up")
     assert harness.job(running)["JobState"] == "RUNNING"
+    # Without --output, the job's log is on the volume, not in the caller's working directory.
+    assert c.nodes[1].run(["test", "-f", f"{vol}/slurm-{running}.out"], timeout=30).returncode == 0
+    assert not Path(f"slurm-{running}.out").exists()
     daemons = harness.daemon_pids()
     assert set(daemons) == {"munged", "slurmctld", "slurmd-node1", "slurmd-node2"}
     assert c.server_anchor is not None

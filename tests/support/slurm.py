@@ -253,7 +253,11 @@ class SlurmCluster:
         return proc.stdout
 
     def submit(self, script: str, *sbatch_args: str, env: dict[str, str] | None = None, cwd: Path | str | None = None) -> str:
-        """`sbatch --parsable` the script text; returns the job id ("123"; an array's tasks are "123_<i>")."""
+        """`sbatch --parsable` the script text; returns the job id ("123"; an array's tasks are "123_<i>").
+        Without `--output`, the job's log goes to the shared volume (`slurm-<id>.out`), not to sbatch's
+        default, the caller's working directory (a repository checkout, where it was left behind)."""
+        if not any(arg.startswith(("--output", "-o")) for arg in sbatch_args):
+            sbatch_args = (*sbatch_args, f"--output={self.mount}/slurm-%j.out")
         out = self._checked(["sbatch", "--parsable", *sbatch_args], input=script, env=env, cwd=cwd)
         return out.strip().split(";")[0]
 
