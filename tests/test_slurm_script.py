@@ -64,6 +64,7 @@ def dlc_line(script: str) -> list[str]:
 
 
 def test_an_allocation_script_runs_one_dlc_per_node_with_every_flag_it_was_given(tmp_path, recipe):
+    (tmp_path / "jobs").mkdir()  # the parent of --job-dir must exist (on the shared filesystem)
     out = run(
         [
             "slurm",
@@ -133,7 +134,8 @@ def test_an_allocation_script_runs_one_dlc_per_node_with_every_flag_it_was_given
     assert args.require_all_nodes
     assert "scontrol requeue" in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
-    assert not (tmp_path / "jobs").exists() and not (tmp_path / "logs").exists()  # a dry run writes nothing
+    assert not (tmp_path / "jobs/j1").exists() and not (tmp_path / "logs").exists()  # a dry run writes nothing
+    assert not (tmp_path / "out").exists()  # nor the directory of --output
 
 
 def test_an_array_script_is_k_single_node_tasks_and_its_options_follow_the_flags(tmp_path, recipe):
@@ -232,15 +234,25 @@ def test_inside_an_allocation_it_runs_the_step_over_the_allocations_nodes_unboun
     assert out.returncode == 0 and "#SBATCH --array=0-1" in out.stdout
 
 
-def test_the_guides_worked_script_is_what_the_guides_command_writes(tmp_path):
-    """docs/guides/slurm.md shows a command and its batch script: they must not drift from the code."""
+def test_the_guides_worked_script_is_what_the_guides_command_writes(tmp_path, recipe):
+    """docs/guides/slurm.md shows a command and its batch script: they must not drift from the code.
+    The dry run checks the recipe, the input and the job directory's parent, so the guide's share
+    /mnt/shared is made here under tmp_path, and its paths are put back in the script."""
     text = (REPO / "docs" / "guides" / "slurm.md").read_text()
     blocks = [block.split("```", 1)[0] for block in text.split("```bash\n")[1:]]
     command = next(b for b in blocks if b.startswith("elastic-shard slurm"))
     script = next(b for b in blocks if b.startswith("#!/bin/bash\n#SBATCH --job-name"))
-    argv = shlex.split(command.replace("\\\n", " "))[1:]
+    shared = tmp_path / "mnt" / "shared"
+    (shared / "jobs").mkdir(parents=True)
+    (shared / "recipes").mkdir()
+    (shared / "recipes" / "my_process.yaml").write_text(recipe.read_text())
+    write_jsonl(shared / "input" / "my_dataset.jsonl", sample_rows(12))
+    argv = shlex.split(command.replace("\\\n", " ").replace("/mnt/shared/", f"{shared}/"))[1:]
     python = "/mnt/shared/elastic-sharding/.venv/bin/python"
     out = run([*argv, "--python", python, "--dry-run"], tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == script.replace(" \\\n  ", " "), "update the guide's batch script (and its zh twin) from --dry-run"
+    printed = out.stdout.replace(f"{shared}/", "/mnt/shared/")
+    assert printed == script.replace(" \\\n  ", " "), "update the guide's batch script (and its zh twin) from --dry-run"
+    assert sorted(p.name for p in shared.iterdir()) == ["input", "jobs", "recipes"]  # no job, log or output directory
+    assert not any((shared / "jobs").iterdir())
     assert script in (REPO / "docs" / "zh" / "guides" / "slurm.md").read_text(), "the zh guide shows the same script"

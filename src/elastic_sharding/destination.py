@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,46 @@ def prepare_destination(output: Path, create_once: bool = False, directory: bool
                 continue
             fsops.remove_dirs(created)
             _refuse_probe(output, exc)
+
+
+def check_destination(output: Path, create_once: bool = False, directory: bool = False) -> None:
+    """`prepare_destination`'s proof for a dry run, which must leave nothing: its missing
+    directories are not created, the file is tried in the nearest existing one above instead
+    (where `mkdir -p` would make the first; the same mount and permissions)."""
+    existing = _nearest_directory(output)
+    target = existing / output.name
+    try:
+        fsops.probe_create(target, create_once and not directory)
+    except OSError as exc:
+        if exc.filename == str(target):  # the link: name the output the user gave
+            exc = type(exc)(exc.errno, exc.strerror, str(output))
+        if existing == output.parent or exc.filename == str(output):
+            _refuse_probe(output, exc)
+        first = existing / output.parent.relative_to(existing).parts[0]
+        raise UsageError(f"--output {output}: cannot create directory {first}: {exc.strerror or exc}") from None
+
+
+def _nearest_directory(output: Path) -> Path:
+    """The deepest existing directory on the way to `output` (links followed); something else in
+    the way is refused as `_make_dirs` refuses it."""
+    current = output.parent
+    while True:
+        try:
+            mode = os.stat(current).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if confined.is_link(current):
+                _in_the_way(output, current, "is a broken symbolic link, not a directory")
+            current = current.parent
+            continue
+        if not stat.S_ISDIR(mode):
+            _in_the_way(output, current, "is not a directory")
+        return current
+
+
+def _in_the_way(output: Path, path: Path, why: str) -> NoReturn:
+    if path == output.parent:
+        raise UsageError(f"--output {output}: {path} {why}; choose another --output")
+    raise UsageError(f"--output {output}: cannot create directory {output.parent}: {path} {why}")
 
 
 def _make_dirs(output: Path) -> list[Path]:

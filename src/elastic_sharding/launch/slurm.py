@@ -10,6 +10,10 @@ Either way the instances find their node count and run id in Slurm's variables
 Signals: SIGTERM (scancel, preemption) reaches every worker, which drains: it hands its shard
 back at once, so another node or the requeued job takes it. The batch shell also asks for USR1 `--signal-secs` before the time limit: it
 drains the step the same way and then requeues its own job, which resumes the run.
+
+Before it submits, runs or prints anything (`--dry-run` too, and off-cluster, where there is no
+`sbatch`), it makes the checks every `dlc` instance would make on the nodes: a bad recipe, input,
+`--output` or strict-mode shard count is refused here, with the exit code the job would end with.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from pathlib import Path
 
 from elastic_sharding import __version__
 from elastic_sharding.errors import EXIT_OK, ElasticShardError, UsageError
+from elastic_sharding.launch.dlc import strict_claim_cap
 from elastic_sharding.launch.scheduler import INTERACTIVE_STEP, Shape
 from elastic_sharding.launch.steps import JobRequest, preflight_job, wait_draining
+from elastic_sharding.prepare.inputs import discover
+from elastic_sharding.prepare.recipe import check_with_engine, read_resolved, recipe_and_base
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,18 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID")) and step in ("", INTERACTIVE_STEP) and not environ.get("SLURM_ARRAY_JOB_ID")
 
 
+def allocation_nodes(environ: Mapping[str, str]) -> int | None:
+    """The node count of the enclosing allocation, or None where Slurm does not say."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = environ.get(name, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise UsageError(f"${name}={value!r} is not a whole number; unset it or fix the job's environment") from None
+    return None
+
+
 def check_request(req: SlurmRequest, environ: Mapping[str, str]) -> None:
     here = in_allocation(environ) and not req.submit
     if req.nodes is not None and req.array is not None:
@@ -98,6 +117,13 @@ def check_request(req: SlurmRequest, environ: Mapping[str, str]) -> None:
         )
     if here and req.array is not None:
         raise UsageError("--array submits a new job; inside an allocation pass --submit with it, or leave --array out")
+    have = allocation_nodes(environ) if here else None
+    if req.nodes is not None and have is not None and req.nodes > have:
+        # srun would refuse the step, or wait for nodes the allocation will never get.
+        raise UsageError(
+            f"--nodes {req.nodes}: this allocation (Slurm job {environ.get('SLURM_JOB_ID')}) has {have} node(s); drop "
+            f"--nodes to run on all {have}, or pass --submit to submit a new job of {req.nodes} nodes"
+        )
     if req.max_running is not None and req.array is None:
         raise UsageError("--max-running limits the tasks of an --array job")
     if req.max_running is not None and req.array is not None and req.max_running > req.array:
@@ -215,13 +241,39 @@ def _need(tool: str) -> str:
     return path
 
 
+def preflight(req: SlurmRequest, nodes: int | None) -> None:
+    """What every `dlc` instance of the job checks first, checked before it is submitted or run, so
+    that a bad parameter costs no queue wait and exits as the job would: the strict-mode shard
+    count for the `nodes` Workers Slurm will start (the same rule as `dlc`), then the recipe, the
+    job directory's filesystem and `--output` (`preflight_job`), that the input is there, and the
+    operators and the packages they import, judged by Data-Juicer here (the nodes run this
+    Python): a job would otherwise wait in the queue only to fail at once. A dry run creates no `--output`
+    directory; its nearest existing parent is tried instead."""
+    shards = req.job.num_shards
+    if req.shape is Shape.ARRAY and not req.require_all_nodes:
+        if req.array is not None and req.array > shards:
+            log.warning("--array %d > --num-shards %d: some tasks will have nothing to do", req.array, shards)
+    else:
+        try:
+            strict_claim_cap(nodes, shards, req.require_all_nodes)
+        except UsageError as exc:
+            if req.shape is Shape.ARRAY:
+                raise UsageError(f"--array {req.array} starts {req.array} Workers: {exc}") from None
+            raise
+    dataset = preflight_job(req.job, create=not req.dry_run)
+    discover(dataset)  # found and listed, not read: the first thing the nodes' prepare does with it
+    if not req.job.install_missing:  # else the nodes install what they lack; the engine judges there
+        config, base = recipe_and_base(req.job.config)
+        check_with_engine(read_resolved(config, base or Path.cwd()))
+
+
 def submit(req: SlurmRequest, environ: Mapping[str, str]) -> int:
+    preflight(req, req.array if req.shape is Shape.ARRAY else req.nodes)
     script = batch_script(req)
     if req.dry_run:
         sys.stdout.write(script)
         return EXIT_OK
     sbatch = _need("sbatch")
-    preflight_job(req.job)
     req.log_dir.mkdir(parents=True, exist_ok=True)
     kept = req.log_dir.resolve() / f"{req.name}.sbatch"
     kept.write_text(script)
@@ -251,13 +303,13 @@ def submit(req: SlurmRequest, environ: Mapping[str, str]) -> int:
 
 def run_in_allocation(req: SlurmRequest, environ: Mapping[str, str]) -> int:
     """salloc or a user's batch script: the step runs in the foreground over the allocation's nodes."""
-    nodes = str(req.nodes or environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
-    command = step_command(req, nodes)
+    nodes = req.nodes or allocation_nodes(environ) or 1
+    preflight(req, nodes)
+    command = step_command(req, str(nodes))
     if req.dry_run:
         sys.stdout.write(shlex.join(command) + "\n")
         return EXIT_OK
     command[0] = _need("srun")
-    preflight_job(req.job)
     # The allocation's own binding would pin every worker to the CPUs of the shell's task.
     env = {name: value for name, value in environ.items() if not name.startswith("SLURM_CPU_BIND")}
     log.info(

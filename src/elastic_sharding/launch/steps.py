@@ -13,6 +13,7 @@ from typing import Any
 
 from elastic_sharding.children import set_parent_death_signal
 from elastic_sharding.destination import (
+    check_destination,
     check_target,
     inside_job,
     output_form,
@@ -80,19 +81,23 @@ def prepare_request(req: JobRequest) -> PrepareRequest:
     )
 
 
-def preflight_job(req: JobRequest) -> None:
+def preflight_job(req: JobRequest, create: bool = True) -> Path:
     """Refuse bad parameters before a launcher writes or processes anything: a wrong `--output`
     found only at the merge would waste the whole run. Its missing directories are created now
     and tried with a file, unless it lies in the job directory, which prepare creates and merge
-    fills in; an existing file there that is not this job's merge is refused."""
+    fills in; an existing file there that is not this job's merge is refused. `create=False` (a
+    dry run) makes the same checks and leaves nothing: no directory of `--output` is created.
+    Returns the dataset path, resolved as prepare resolves it."""
     output_format = req.format  # first: a contradicting --output-format is refused before anything
-    preflight(prepare_request(req))
+    checked = preflight(prepare_request(req))
     layout = req.layout
     directory = req.output_is_dir
     output = check_target(req.output_path, layout, directory)
     refuse_foreign_output(output, layout, directory, output_format)
     if not inside_job(output, layout):
-        prepare_destination(output, create_once=True, directory=directory)
+        check = prepare_destination if create else check_destination
+        check(output, create_once=True, directory=directory)
+    return checked.dataset
 
 
 def prepare_job(req: JobRequest) -> tuple[str, dict[str, Any]]:
