@@ -220,6 +220,7 @@ class _OtherPublishesFirst(FakeRunner):
 
 
 @pytest.mark.parametrize("same_output", [True, False])
+@pytest.mark.usefixtures("own_log_handlers")  # caplog sees the package's records only while they propagate
 def test_both_finish_at_once_exactly_one_completion(make_job, tmp_path, caplog, same_output):
     job = make_job(rows=60, shards=SHARDS, heartbeat_interval_secs=5.0, lock_timeout_secs=20.0)
     # A clean run of the same job gives the digest the other attempt reports (or a different one).

@@ -17,12 +17,13 @@ import pytest
 from jsonschema import Draft202012Validator
 from support.fake_worker import worker_command
 from support.fakes import FakeRunner
-from support.jobs import STATUS_SCHEMA, cli
+from support.jobs import STATUS_SCHEMA, cli, fast_settings
 
+from elastic_sharding.claims.backups import StragglerRule
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.metrics import job_metrics
 from elastic_sharding.observe.snapshot import AttemptView, ShardView, attempt_history
-from elastic_sharding.records import ShardSpec
+from elastic_sharding.records import CompletionRecord, ShardSpec
 from elastic_sharding.vocabulary import ShardState
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
@@ -60,6 +61,24 @@ def _attempt(i: int, host: str, pid: int, start: float, end: float | None, *, st
 
 def _views(states: dict[int, str], n: int = 10) -> list[ShardView]:
     return [ShardView(_spec(i, n), states.get(i, ShardState.PENDING), None, None, None, None, 0, None, None) for i in range(n)]
+
+
+def _completion(i: int, processing_secs: float | None) -> CompletionRecord:
+    spec = _spec(i)
+    return CompletionRecord(
+        spec.shard_id, f"a{i}", "t", "a", 1, SHARD_ROWS, "0", SHARD_ROWS, SHARD_BYTES, "0", 0.0, 1.0, processing_secs
+    )  # fmt: skip
+
+
+def _done_views(processing: list[float | None], running: tuple[int, ...] = (6,)) -> list[ShardView]:
+    """Shards 0.. done with these completion records' processing seconds, `running` running."""
+    views = _views({i: ShardState.DONE for i in range(len(processing))} | {i: ShardState.RUNNING for i in running})
+    for view, secs in zip(views, processing):
+        view.completion = _completion(int(view.shard_id[5:10]), secs)
+    return views
+
+
+MEDIAN_10S = [10.0, 10.0, 10.0, 10.0, 20.0, 20.0]  # the median completed shard: 10 s per 1000 B
 
 
 def _history() -> list[AttemptView]:
@@ -158,41 +177,83 @@ def test_a_worker_without_a_finished_shard_counts_with_its_nodes_mean_rate():
 
 
 @pytest.mark.parametrize(
-    ("age", "straggler"),
-    [(25.0, True), (19.0, False), (21.0, True)],
+    ("rule", "secs", "straggler"),
+    [
+        (StragglerRule(), 16.0, True),  # the defaults: over 1.5x the median's 10 s, and 3 s past it
+        (StragglerRule(), 15.0, False),
+        (StragglerRule(factor=2.0, min_secs=10.0), 20.5, True),
+        (StragglerRule(factor=2.0, min_secs=10.0), 19.5, False),
+        (StragglerRule(factor=1.0, min_secs=8.0), 17.5, False),  # past 1x, but not 8 s past the median time
+        (StragglerRule(factor=1.0, min_secs=8.0), 18.0, True),
+    ],
 )
-def test_straggler_rule(age, straggler):
-    """Median completed shard: 10 s per 1000 B. Straggler once over 2x that and 10 s beyond it."""
-    history = _history()[:6] + [_attempt(6, "a", 1, 40, None)]
-    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING})
-    m = job_metrics(views, history, now=40.0 + age)
+def test_straggler_rule_is_the_backup_trigger_with_the_jobs_settings(rule, secs, straggler):
+    """The median comes from the completion records' processing seconds (as a worker reads them),
+    not from attempt times: here the attempts say 10 s for shards a and 20 s for b's either way."""
+    history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase_secs=secs)]
+    m = job_metrics(_done_views(MEDIAN_10S), history, now=40.0 + secs, rule=rule)
+    assert m.median_secs_per_byte == pytest.approx(10.0 / SHARD_BYTES)
     assert [r.shard_id for r in m.stragglers] == ([_spec(6).shard_id] if straggler else [])
     if straggler:
-        assert m.stragglers[0].factor == pytest.approx(age / 10.0)
+        assert m.stragglers[0].factor == pytest.approx(secs / 10.0)
+        reason = f"processing for {secs:.0f}s, {secs / 10:.1f}x the median shard's 10.0s for its size"
+        assert m.stragglers[0].straggling.reason() == reason
+
+
+def test_the_median_is_of_the_completion_records_processing_seconds():
+    """A shard's whole attempt took 10 s, but it processed for 2 s of it (the rest: verifying,
+    starting): 2 s is what a worker compares by, so 5 s of processing straggles."""
+    history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase_secs=5.0)]
+    assert [r.shard_id for r in job_metrics(_done_views([2.0] * 6), history, now=45.0).stragglers] == [_spec(6).shard_id]
+    # Records without processing seconds (written before backups existed) do not count.
+    assert job_metrics(_done_views([2.0, 2.0, None, None, None, None]), history, now=45.0).stragglers == []
+
+
+def test_with_backups_off_stragglers_are_still_flagged_by_the_default_factor():
+    settings = fast_settings(backup_after=0.0, backup_min_secs=1.0)
+    rule = StragglerRule.of(settings)
+    assert (rule.backs_up, rule.factor, rule.min_secs) == (False, 1.5, 1.0)
+    assert StragglerRule.of(fast_settings(backup_after=3.0)).backs_up
+    history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase_secs=16.0)]
+    m = job_metrics(_done_views(MEDIAN_10S), history, now=56.0, rule=rule)
+    assert [r.shard_id for r in m.stragglers] == [_spec(6).shard_id] and not m.straggler_rule.backs_up
 
 
 def test_no_stragglers_before_three_shards_finish_or_while_queued():
-    history = [_attempt(0, "a", 1, 0, 10), _attempt(1, "a", 1, 10, 20), _attempt(2, "b", 2, 0, None)]
-    assert (
-        job_metrics(_views({0: ShardState.DONE, 1: ShardState.DONE, 2: ShardState.RUNNING}), history, now=100.0).stragglers == []
-    )
-    history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase="queued")]
-    assert (
-        job_metrics(_views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING}), history, now=100.0).stragglers == []
-    )
+    history = [_attempt(0, "a", 1, 0, 10), _attempt(1, "a", 1, 10, 20), _attempt(2, "b", 2, 0, None, phase_secs=100.0)]
+    assert job_metrics(_done_views([10.0, 10.0], running=(2,)), history, now=100.0).stragglers == []
+    history = _history()[:6] + [_attempt(6, "a", 1, 40, None, phase="queued", phase_secs=60.0)]
+    assert job_metrics(_done_views(MEDIAN_10S), history, now=100.0).stragglers == []
 
 
-def test_stragglers_are_judged_by_the_owners_own_processing_time_not_start_up_or_skew():
+def test_stragglers_are_judged_by_the_owners_own_clock_with_the_backups_start_up_allowance():
     done = _history()[:6]
-    views = _views({i: ShardState.DONE for i in range(6)} | {6: ShardState.RUNNING})
-    starting = done + [_attempt(6, "a", 1, 40, None, phase="starting warm runtime")]
+    views = _done_views(MEDIAN_10S)
+    # Starting its runtime: judged as a worker judges it, once 60 s longer than a processing shard.
+    starting = done + [_attempt(6, "a", 1, 40, None, phase="starting warm runtime", phase_secs=75.0)]
     assert job_metrics(views, starting, now=140.0).stragglers == []
+    starting = done + [_attempt(6, "a", 1, 40, None, phase="starting warm runtime", phase_secs=80.0)]
+    (straggler,) = job_metrics(views, starting, now=140.0).stragglers
+    assert straggler.factor == pytest.approx(2.0) and "(60s allowed for starting)" in straggler.straggling.reason()
     # 100 s by this machine's clock, but the owner's heartbeat says 15 s of processing: skew.
     skewed = done + [_attempt(6, "a", 1, 40, None, phase_secs=15.0)]
     assert job_metrics(views, skewed, now=140.0).stragglers == []
+    # A heartbeat without its phase's start cannot be judged (a worker does not back it up either).
+    assert job_metrics(views, done + [_attempt(6, "a", 1, 40, None)], now=140.0).stragglers == []
     slow = done + [_attempt(6, "a", 1, 40, None, phase_secs=35.0)]
     (straggler,) = job_metrics(views, slow, now=50.0).stragglers
     assert straggler.factor == pytest.approx(3.5)
+
+
+def test_a_backup_attempt_is_not_judged_unless_the_claim_was_handed_to_it():
+    original = _attempt(6, "a", 1, 40, None, phase_secs=12.0)
+    backup = _attempt(6, "b", 2, 45, None, phase_secs=40.0, attempt_id="a6-backup", backup_of=original.attempt_id)
+    m = job_metrics(_done_views(MEDIAN_10S), _history()[:6] + [original, backup], now=90.0)
+    assert m.stragglers == []
+    backup.promoted = True
+    assert [r.attempt_id for r in job_metrics(_done_views(MEDIAN_10S), _history()[:6] + [backup], now=90.0).stragglers] == [
+        "a6-backup"
+    ]
 
 
 def test_a_backup_and_its_original_are_one_running_shard_in_the_eta():

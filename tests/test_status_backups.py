@@ -248,6 +248,18 @@ def test_status_text_shows_backups_and_flags_a_nondeterministic_pair_first(run_c
     )
 
 
+def test_a_straggler_names_the_node_its_backup_runs_on(run_cli, job):
+    """Shards 7 and 8 straggle (their originals still process); 8's backup runs, 7's failed."""
+    lines = run_cli("status", "--job-dir", str(job)).stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("stragglers ("))
+    assert lines[head].endswith("an idle worker backs them up):")
+    listed = {line.split()[0]: line for line in lines[head + 1 : head + 3]}
+    assert re.fullmatch(
+        rf"  {_shard(8)} on node-a \(pid \d+\): processing for \d+s, .*; backup running on node-b", listed[_shard(8)]
+    )
+    assert "backup running" not in listed[_shard(7)]
+
+
 def test_no_backups_section_without_backups(run_cli, make_job):
     job = make_job(rows=20, shards=2)
     assert Worker(job, WorkerOptions(), runner=FakeRunner()).run() == 0
@@ -265,6 +277,7 @@ def test_prometheus_counts_backups(run_cli, job, tmp_path):
         "elastic_shard_backups_running": "1",
         "elastic_shard_backups_won": "3",
         "elastic_shard_backups_nondeterministic": "1",
+        "elastic_shard_backups_enabled": "1",
     }
     assert 'elastic_shard_host_refused{job_id="' in target.read_text() and 'reason="node-local failures"} 1' in target.read_text()
 

@@ -106,15 +106,15 @@ SETTINGS = (
         float,
         DEFAULT_BACKUP_AFTER,
         DEFAULT_BACKUP_AFTER,
-        "an idle worker backs up a running shard once it has processed for this many times the median "
-        "shard's time for its size (0: no backup attempts)",
+        "a running shard straggles once it has processed for over this many times the median shard's time for "
+        "its size: an idle worker backs it up and status flags it (0: no backup attempts)",
     ),
     Setting(
         "--backup-min-secs",
         float,
         DEFAULT_BACKUP_MIN_SECS,
         DEFAULT_BACKUP_MIN_SECS,
-        "and only once it runs this many seconds past that median time",
+        "and at least this many seconds past that median time",
     ),
     Setting(
         "--backup-share",

@@ -154,8 +154,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from elastic_sharding.observe.html_report import write_report
 
-    bars = write_report(args.job_dir, args.output, args.lock_timeout_secs)
-    logging.getLogger("elastic_sharding").info("wrote %s (%d attempts on the timeline)", args.output, bars)
+    output = Path(os.path.abspath(args.output if args.output is not None else args.job_dir / "report.html"))
+    bars = write_report(args.job_dir, output, args.lock_timeout_secs)
+    sys.stdout.write(f"wrote {output} ({bars} attempts on the timeline)\n")
     return EXIT_OK
 
 

@@ -236,16 +236,23 @@ def _factor(value: object) -> str:
     return NONE if factor is None else f"{factor:.1f}×"
 
 
-def _stragglers_table(stragglers: list[dict[str, Any]]) -> str:
+def _stragglers_table(stragglers: list[dict[str, Any]], rule: dict[str, Any]) -> str:
+    """The stragglers, under the rule that flagged them: the backup trigger (`straggler_rule`)."""
     columns = [
         _SHARD,
         _HOST,
         _ATTEMPT,
         number("Running for", "age_secs", fmt_secs),
-        number("Expected", "expected_secs", fmt_secs),
         number("Factor", "factor", _factor),
+        Column("Why", lambda item: esc(item.get("straggler_reason") or NONE)),
     ]
-    return table(columns, stragglers, shard=_item_shard)
+    caption, factor = "", num(rule.get("factor"))
+    if factor is not None:
+        caption = (
+            f"Processing over {factor:g}× the median shard's time for its size and {num(rule.get('min_secs')) or 0:g}s past it: "
+            + ("an idle worker backs it up." if rule.get("backups") else "backups are off for this job (--backup-after 0).")
+        )
+    return (f'<p class="note">{esc(caption)}</p>' if caption else "") + table(columns, stragglers, shard=_item_shard)
 
 
 # A backup's state in the colours of the shard state it resembles.
@@ -363,6 +370,12 @@ def _header(status: dict[str, Any], attempts: list[AttemptView], now: float) -> 
         ("ETA", _eta(status)),
         ("Attempts", f"{len(attempts)} on {len(hosts)} node(s)"),
     ]
+    merged = as_dict(status.get("merged"))
+    if merged:
+        rows = f"{esc(merged.get('output_format'))}, {fmt_int(merged.get('rows'))} rows"
+        items.append(("Merged output", f"<code>{esc(merged.get('output'))}</code> ({rows})"))
+    elif num(status.get("output_rows")):
+        items.append(("Output rows", f"{fmt_int(status.get('output_rows'))} so far (not merged yet)"))
     backups = as_dict(status.get("backup_counts"))
     if num(backups.get("started")):
         counts_text = ", ".join(f"{fmt_int(backups.get(state))} {state}" for state in ("running", "won", "lost", "failed"))
@@ -410,7 +423,7 @@ def render_report(status: dict[str, Any], attempts: list[AttemptView], now: floa
         f"<section><h2>Backups</h2>{_backups_table(dicts(status.get('backups')))}</section>",
         "<section><h2>Problems</h2>",
         f"<h3>Failed shards</h3>{_failures_table(dicts(status.get('failures')))}",
-        f"<h3>Stragglers</h3>{_stragglers_table(dicts(status.get('stragglers')))}",
+        f"<h3>Stragglers</h3>{_stragglers_table(dicts(status.get('stragglers')), as_dict(status.get('straggler_rule')))}",
         f"<h3>Refused nodes</h3>{_refused_table(dicts(status.get('refused_nodes')))}",
         f"<h3>Stale claims</h3>{_stale_table(dicts(status.get('stale_claims')))}</section>",
     ]

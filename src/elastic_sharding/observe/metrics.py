@@ -30,12 +30,9 @@ The rules, also documented in the README ("Reading status"):
   the instances built (replacements included), and the all-busy fraction is the time every
   instance was inside a call at once over the time from the first call's start to the last
   call's end (the CPU analogue of "all GPUs busy").
-- A running attempt is a straggler once at least STRAGGLER_MIN_DONE shards have completed and the
-  time it has been processing exceeds STRAGGLER_FACTOR x the median completed shard's seconds per
-  byte x its own bytes, and that expectation by at least STRAGGLER_SLACK_SECS. "Processing" is
-  measured by the owner's own clock (heartbeat time minus phase start, so clock skew between
-  nodes cannot make a straggler); an attempt still queued, verifying its input or starting its
-  warm runtime is never one.
+- A running attempt is a straggler by the rule that starts its backup (`claims.backups.StragglerRule`,
+  with the job's settings), as `observe/stragglers.py` applies it from outside: by the owner's
+  own clock, so skew between nodes cannot make a straggler.
 - A backup attempt (`claims.backups`) and the attempt it backs up are one running shard: the ETA
   counts the larger done part of the two and the shorter time left. An attempt stopped because
   another of its shard published first (`beaten`) is neither a completion nor a failure.
@@ -53,15 +50,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from elastic_sharding.claims.backups import StragglerRule, Straggling
 from elastic_sharding.observe.snapshot import AttemptView, ShardView
+from elastic_sharding.observe.stragglers import judge, median_secs_per_byte
 from elastic_sharding.records import BackupRecord, CompletionRecord, OperatorStats
 from elastic_sharding.vocabulary import STARTING_PHASES, WAITING_PHASES, AttemptOutcome, Phase, ShardState
 
 RECENT_SHARDS = 5
 RUNNING_CAP = 0.95
-STRAGGLER_FACTOR = 2.0
-STRAGGLER_MIN_DONE = 3
-STRAGGLER_SLACK_SECS = 10.0
 
 
 @dataclass
@@ -76,9 +72,16 @@ class Running:
     age_secs: float
     expected_secs: float | None
     est_fraction: float
-    straggler: bool = False
-    factor: float | None = None
+    straggling: Straggling | None = None  # a straggler: how far past the median shard's time
     backup_of: str | None = None  # a backup attempt: the attempt it backs up
+
+    @property
+    def straggler(self) -> bool:
+        return self.straggling is not None
+
+    @property
+    def factor(self) -> float | None:
+        return self.straggling.overrun if self.straggling is not None else None
 
 
 class BackupState(StrEnum):
@@ -226,6 +229,8 @@ class JobMetrics:
     stragglers: list[Running]
     backups: list[Backup] = field(default_factory=list)
     backup_counts: BackupCounts = field(default_factory=BackupCounts)
+    straggler_rule: StragglerRule = field(default_factory=StragglerRule)
+    median_secs_per_byte: float | None = None  # of the done shards, once the rule has enough
 
     @property
     def percent(self) -> float:
@@ -307,9 +312,15 @@ def _seconds_per_byte(completed: list[AttemptView], starts: dict[tuple[str, str]
 
 
 def job_metrics(
-    views: list[ShardView], attempts: list[AttemptView], now: float, backup_records: dict[str, BackupRecord] | None = None
+    views: list[ShardView],
+    attempts: list[AttemptView],
+    now: float,
+    backup_records: dict[str, BackupRecord] | None = None,
+    rule: StragglerRule | None = None,
 ) -> JobMetrics:
-    """`backup_records` (`snapshot.backup_records`) add why each backup attempt started."""
+    """`backup_records` (`snapshot.backup_records`) add why each backup attempt started; `rule` is
+    the job's (`StragglerRule.of` its settings; the defaults' when not given)."""
+    rule = rule or StragglerRule()
     current = [a for a in attempts if a.archive is None]
     done_ids = {v.shard_id for v in views if v.state == ShardState.DONE}
     completed = [
@@ -333,6 +344,7 @@ def job_metrics(
             nodes.setdefault(attempt.host, Node(attempt.host)).failures += 1
 
     per_sec_per_byte = _seconds_per_byte(completed, starts)
+    median = median_secs_per_byte(views, rule)
     unfinished = {v.shard_id for v in views if v.state not in (ShardState.DONE, ShardState.FAILED)}
     remaining = sum(v.spec.bytes for v in views if v.shard_id in unfinished)
     active: dict[tuple[str, int], float | None] = {}  # running worker -> bytes/s
@@ -360,10 +372,9 @@ def job_metrics(
             backup_of=attempt.backup_of,
         )
         shard = attempt.shard_id
-        if shard in unfinished and len(completed) >= STRAGGLER_MIN_DONE and per_sec_per_byte is not None and working:
-            typical = per_sec_per_byte * attempt.input_bytes
-            if busy > STRAGGLER_FACTOR * typical and busy - typical >= STRAGGLER_SLACK_SECS:
-                item.straggler, item.factor = True, busy / typical if typical > 0 else None
+        if shard in unfinished:
+            item.straggling = judge(attempt, rule, median)
+            if item.straggling is not None:
                 stragglers.append(item)
         node.running.append(item)
         if shard in unfinished:
@@ -424,6 +435,8 @@ def job_metrics(
         stragglers=stragglers,
         backups=backups,
         backup_counts=_backup_counts(backups),
+        straggler_rule=rule,
+        median_secs_per_byte=median,
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.errors import UsageError
+from elastic_sharding.observe.outputs import output_rows
 from elastic_sharding.observe.status import Status
 from elastic_sharding.vocabulary import SHARD_STATES
 
@@ -54,14 +55,28 @@ def render(status: Status) -> str:
     out.family(
         "output_rows",
         "Rows published by done shards.",
-        [({}, sum(v.completion.output_rows for v in status.views if v.completion))],
+        [({}, output_rows(status.views))],
+    )
+    out.family(
+        "merged_rows",
+        "Rows of the merged output merge.json records (absent before a merge).",
+        [({}, status.merged.rows if status.merged is not None else None)],
     )
     out.family("rows_per_second", "Recent input rows per second of the running workers.", [({}, m.rows_per_sec)])
     out.family("active_workers", "Workers running an attempt now.", [({}, m.active_workers)])
     out.family("elapsed_seconds", "Seconds since the first attempt started.", [({}, m.elapsed_secs)])
     out.family("eta_seconds", "Estimated seconds to completion (absent when unknown).", [({}, m.eta.secs)])
     out.family("complete", "1 once the whole recipe is done (every segment and stage).", [({}, int(status.complete))])
-    out.family("stragglers", "Running attempts flagged as stragglers.", [({}, len(m.stragglers))])
+    out.family(
+        "stragglers",
+        "Running shards past the backup trigger (--backup-after, --backup-min-secs of the job).",
+        [({}, len(m.stragglers))],
+    )
+    out.family(
+        "backups_enabled",
+        "1 when the job starts backup attempts (--backup-after above 0).",
+        [({}, int(m.straggler_rule.backs_up))],
+    )
     out.family("backups_started", "Backup attempts of straggling shards started.", [({}, m.backup_counts.started)])
     out.family("backups_running", "Backup attempts running now.", [({}, m.backup_counts.running)])
     out.family("backups_won", "Backup attempts that published their shard before the original.", [({}, m.backup_counts.won)])

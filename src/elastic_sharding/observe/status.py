@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from elastic_sharding.claims.backups import StragglerRule
 from elastic_sharding.claims.submission import generations
 from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.durations import format_duration
 from elastic_sharding.observe.metrics import (
-    STRAGGLER_FACTOR,
     Backup,
     BackupState,
     Eta,
@@ -32,6 +32,7 @@ from elastic_sharding.observe.metrics import (
     WarmOperator,
     job_metrics,
 )
+from elastic_sharding.observe.outputs import merged_json, merged_record, output_lines, output_rows
 from elastic_sharding.observe.snapshot import (
     AttemptView,
     ShardView,
@@ -52,6 +53,7 @@ from elastic_sharding.observe.stages import (
     read_stage,
     recipe_operators,
 )
+from elastic_sharding.observe.stragglers import rule_json, straggler_lines
 from elastic_sharding.records import Manifest, NodeRefusal
 from elastic_sharding.segments import job_segments, segment_manifest
 from elastic_sharding.vocabulary import ShardState
@@ -100,6 +102,7 @@ def _running_json(item: Running) -> dict[str, Any]:
         "est_fraction": _round(item.est_fraction),
         "straggler": item.straggler,
         "factor": _round(item.factor, 2),
+        "straggler_reason": item.straggling.reason() if item.straggling is not None else None,
         "backup_of": item.backup_of,
     }
 
@@ -261,7 +264,8 @@ class Status:
             backups = backup_records(self.layout)
         else:
             self.views, self.attempts, backups = _done_views(self.manifest), [], {}
-        self.metrics = job_metrics(self.views, self.attempts, self.at, backups)
+        self.metrics = job_metrics(self.views, self.attempts, self.at, backups, StragglerRule.of(settings))
+        self.merged = merged_record(self.job_layout)
         self.counts = counts(self.views)
         self.runs = generations(self.job_layout.root)
         self.refusals = node_refusals(self.job_layout)
@@ -434,7 +438,8 @@ class Status:
             "counts": self.counts,
             "rows_total": m.rows_total,
             "rows_done": m.rows_done,
-            "output_rows": sum(v.completion.output_rows for v in self.views if v.completion),
+            "output_rows": output_rows(self.views),
+            "merged": merged_json(self.merged),
             "hosts": sorted({v.completion.host for v in self.views if v.completion}),
             "progress": {
                 "shards_done": m.shards_done,
@@ -457,6 +462,7 @@ class Status:
             "eta": {"secs": _round(m.eta.secs, 1), "at": _round(m.eta.at, 1), "basis": m.eta.basis},
             "nodes": [_node_json(node) for node in m.nodes],
             "stragglers": [_running_json(item) for item in m.stragglers],
+            "straggler_rule": rule_json(m.straggler_rule, m.median_secs_per_byte),
             "backups": [_backup_json(backup) for backup in m.backups],
             "backup_counts": dataclasses.asdict(m.backup_counts),
             "refused_nodes": [self._refusal_json(r) for r in self.refusals],
@@ -576,14 +582,10 @@ class Status:
         lines = [self.summary_line(), self.progress_line()]
         if self.stages:
             lines += [self.segment_text(), *(self.stage_text(stage) for stage in self.stages)]
+        lines += output_lines(self.merged, self.views, self.segment.index if len(self.segments) > 1 else None)
         lines += self._node_lines()
         lines += self._refusal_lines()
-        if self.metrics.stragglers:
-            lines.append(f"stragglers (running over {STRAGGLER_FACTOR:g}x the median shard's time for their size):")
-            lines += [
-                f"  {r.shard_id} on {r.host} (pid {r.pid}): running {_age(r.age_secs)}, {r.factor or 0:.1f}x the typical time"
-                for r in self.metrics.stragglers
-            ]
+        lines += straggler_lines(self.metrics)
         lines += self._backup_lines()
         for item in self.stale_claims():
             lines.append(
