@@ -4,6 +4,7 @@ and a stop while staged, attempt recipes, JSON outputs (`retry`, `merge`, `verif
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -67,6 +68,33 @@ def test_version_mismatch_is_refused_unless_allowed(make_job):
     with pytest.raises(VersionMismatchError, match="--allow-version-mismatch"):
         run(job)
     assert run(job, allow_version_mismatch=True) == 0
+
+
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("ray_version", "2.9.0", "Ray 2.60.0 but the job was prepared with Ray 2.9.0"),
+        ("python_version", "CPython 3.10.14", "but the job was prepared with CPython 3.10.14"),
+    ],
+)
+def test_a_node_with_another_ray_or_python_is_refused_unless_allowed(make_job, field, value, named):
+    job = make_job(rows=10, shards=2)
+    layout = JobLayout(job)
+    manifest = load(Manifest, layout.manifest)
+    setattr(manifest, field, value)
+    layout.manifest.write_bytes(encode(manifest))
+    with pytest.raises(VersionMismatchError, match=re.escape(named)):
+        run(job)
+    assert run(job, allow_version_mismatch=True) == 0
+
+
+def test_another_python_patch_release_is_the_same_engine(make_job):
+    job = make_job(rows=10, shards=2)
+    layout = JobLayout(job)
+    manifest = load(Manifest, layout.manifest)
+    manifest.python_version = manifest.python_version.rsplit(".", 1)[0] + ".999"
+    layout.manifest.write_bytes(encode(manifest))
+    assert run(job) == 0
 
 
 def test_sigterm_hands_the_current_shard_back_at_once(make_job, tmp_path):

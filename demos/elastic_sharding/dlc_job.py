@@ -7,8 +7,13 @@ Sub-commands: dlc, prepare, worker, status, verify (and mpi, local). Without --c
 the bundled demo recipe; `status` lists every shard. A thin wrapper over `elastic-shard`.
 """
 
+import os
 import sys
 from pathlib import Path
+
+# Without --config the bundled demo recipe of this checkout is the default, also where the package
+# itself is installed elsewhere (an image): elastic_sharding.prepare.recipe.CHECKOUT_ENV.
+os.environ.setdefault("ELASTIC_SHARD_CHECKOUT", str(Path(__file__).resolve().parents[2]))
 
 try:
     from elastic_sharding.cli import main

@@ -6,8 +6,13 @@
 A thin wrapper over the `elastic-shard` command of the `elastic_sharding` package.
 """
 
+import os
 import sys
 from pathlib import Path
+
+# Without --config the bundled demo recipe of this checkout is the default, also where the package
+# itself is installed elsewhere (an image): elastic_sharding.prepare.recipe.CHECKOUT_ENV.
+os.environ.setdefault("ELASTIC_SHARD_CHECKOUT", str(Path(__file__).resolve().parents[2]))
 
 try:
     from elastic_sharding.cli import main

@@ -7,8 +7,13 @@ Adds, when absent: `--nodes 2 --require-all-nodes --output <job-dir>/two-node-me
 `dlc`, `--max-shards 2` to `worker`, `--expect-nodes 2` to `verify`.
 """
 
+import os
 import sys
 from pathlib import Path
+
+# Without --config the bundled demo recipe of this checkout is the default, also where the package
+# itself is installed elsewhere (an image): elastic_sharding.prepare.recipe.CHECKOUT_ENV.
+os.environ.setdefault("ELASTIC_SHARD_CHECKOUT", str(Path(__file__).resolve().parents[2]))
 
 try:
     from elastic_sharding.cli import main

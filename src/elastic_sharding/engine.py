@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import platform
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +43,11 @@ def _git_commit(package_dir: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def python_identity() -> str:
+    """As the manifest records it: 'CPython 3.11.9'."""
+    return f"{platform.python_implementation()} {sys.version.split()[0]}"
 
 
 @lru_cache(maxsize=1)

@@ -421,7 +421,15 @@ JOIN_ENV = "ELASTIC_SHARD_JOIN_PREPARE"
 def help_until_prepared(job_root: Path, procs: int | None, stop: Callable[[], bool], poll_secs: float = 0.2) -> None:
     """For a worker started while its launcher still prepares (`mpi`): share the prepare with
     `procs` processes (itself and helpers) as soon as its plan exists, and return once the job is
-    published. A failed prepare is the launcher's to report (it then stops the workers)."""
+    published. A failed prepare is the launcher's to report (it then stops the workers). The
+    launcher checked that the job directory's parent exists before it started this worker: where
+    this node does not see it, the share is not mounted here, and waiting would never end."""
+    if not job_root.parent.is_dir():
+        raise errors.UsageError(
+            f"the parent directory of --job-dir does not exist on this node ({socket.gethostname()}): {job_root.parent}. "
+            "The launcher sees it, so the shared filesystem is not mounted here (or not at the same path); mount it "
+            "at the same path on every node"
+        )
     pdir = PrepareDir.of(job_root)
     joined = False
     while not pdir.published():

@@ -12,16 +12,14 @@ import dataclasses
 import hashlib
 import logging
 import os
-import platform
 import secrets
 import socket
-import sys
 from pathlib import Path
 
 import orjson
 
 from elastic_sharding import confined, fsops
-from elastic_sharding.engine import engine_identity
+from elastic_sharding.engine import engine_identity, python_identity
 from elastic_sharding.errors import JobStateError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.cooperate import PrepareDir
@@ -97,7 +95,7 @@ def make_plan(
         "data_juicer_version": identity.data_juicer_version,
         "data_juicer_commit": identity.data_juicer_commit,
         "ray_version": identity.ray_version,
-        "python_version": f"{platform.python_implementation()} {sys.version.split()[0]}",
+        "python_version": python_identity(),
         "dataset_kind": kind,
         "dataset_root": str(root if kind == "dir" else files[0]),
         "index_key": recipe.index_key,

@@ -25,8 +25,9 @@ from elastic_sharding.records import PackageRecord, SegmentSpec
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
-DEMO_RECIPE = PROJECT_ROOT / "demos" / "elastic_sharding" / "configs" / "demo.yaml"
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the checkout, when the package runs from one
+DEMO_RECIPE_IN_CHECKOUT = Path("demos", "elastic_sharding", "configs", "demo.yaml")
+CHECKOUT_ENV = "ELASTIC_SHARD_CHECKOUT"  # the demo scripts' own checkout, set by them
 
 MEDIA_KEY_DEFAULTS = {"image_key": "images", "audio_key": "audios", "video_key": "videos"}
 PATH_SUFFIXES = ("_path", "_dir", "_file", "_paths", "_dirs")
@@ -94,13 +95,20 @@ def recipe_and_base(config: Path | None) -> tuple[Path, Path | None]:
     """The recipe to use, and where its relative paths resolve from.
 
     Without `--config` the bundled demo recipe is used; its relative data path resolves from the
-    project root, so the demo works from any working directory.
+    checkout it is in, so the demo works from any working directory. That is this package's own
+    checkout, else (the package installed into an image, a demo script run from a checkout) the
+    demo script's.
     """
     if config is not None:
         return config, None
-    if not DEMO_RECIPE.is_file():
-        raise UsageError(f"no --config given and the bundled demo recipe {DEMO_RECIPE} is not there; pass --config")
-    return DEMO_RECIPE, PROJECT_ROOT
+    roots = [PROJECT_ROOT] + ([Path(os.environ[CHECKOUT_ENV])] if os.environ.get(CHECKOUT_ENV) else [])
+    for root in roots:
+        if (root / DEMO_RECIPE_IN_CHECKOUT).is_file():
+            return root / DEMO_RECIPE_IN_CHECKOUT, root
+    raise UsageError(
+        f"no --config given and the bundled demo recipe {DEMO_RECIPE_IN_CHECKOUT} is in no checkout here "
+        f"({', '.join(map(str, roots))}); pass --config"
+    )
 
 
 def read_recipe(path: Path) -> tuple[dict[str, Any], str]:

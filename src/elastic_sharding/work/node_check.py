@@ -16,7 +16,7 @@ import time
 
 from elastic_sharding import fsops
 from elastic_sharding.dependencies.resolve import look_up, missing_line
-from elastic_sharding.engine import engine_identity
+from elastic_sharding.engine import engine_identity, python_identity
 from elastic_sharding.errors import ElasticShardError, MissingPackagesError, VersionMismatchError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.records import Manifest, NodeRefusal, encode
@@ -42,18 +42,34 @@ def check_node(layout: JobLayout, manifest: Manifest, allow_mismatch: bool) -> N
 
 
 def check_engine(manifest: Manifest, allow_mismatch: bool) -> None:
+    """The engine the job was prepared with: Data-Juicer (version and commit), Ray, and Python's
+    version up to its minor one (a patch release changes no row)."""
     mine = engine_identity()
+    differences = []
     recorded = (manifest.data_juicer_version, manifest.data_juicer_commit)
     current = (mine.data_juicer_version, mine.data_juicer_commit)
-    if recorded == current:
+    if recorded != current:
+        differences.append(
+            f"Data-Juicer {current[0]} (commit {current[1] or 'n/a'}) but the job was prepared with "
+            f"{recorded[0]} (commit {recorded[1] or 'n/a'})"
+        )
+    if manifest.ray_version != mine.ray_version:
+        differences.append(f"Ray {mine.ray_version} but the job was prepared with Ray {manifest.ray_version}")
+    here = python_identity()
+    if _minor(manifest.python_version) != _minor(here):
+        differences.append(f"{here} but the job was prepared with {manifest.python_version}")
+    if not differences:
         return
-    message = (
-        f"this worker runs Data-Juicer {current[0]} (commit {current[1] or 'n/a'}) but the job was prepared with "
-        f"{recorded[0]} (commit {recorded[1] or 'n/a'})"
-    )
+    message = "this worker runs " + "; and ".join(differences)
     if not allow_mismatch:
         raise VersionMismatchError(f"{message}; install the same version on every node or pass {OVERRIDE}")
     log.warning("%s; continuing because of %s", message, OVERRIDE)
+
+
+def _minor(python: str) -> str:
+    """'CPython 3.11.9' -> 'CPython 3.11'."""
+    implementation, _, version = python.rpartition(" ")
+    return f"{implementation} {'.'.join(version.split('.')[:2])}"
 
 
 def check_packages(manifest: Manifest, allow_mismatch: bool) -> None:
