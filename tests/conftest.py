@@ -80,8 +80,9 @@ def own_log_handlers():
 
 
 @pytest.fixture
-def run_cli(capsys, monkeypatch):
-    """Run the CLI in this process (fast: Data-Juicer is imported once) and capture its output."""
+def run_cli(capsys, monkeypatch, own_log_handlers):
+    """Run the CLI in this process (fast: Data-Juicer is imported once) and capture its output;
+    the package's log handler it points at this test's capture is gone after the test."""
     from elastic_sharding.cli import main
 
     def invoke(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

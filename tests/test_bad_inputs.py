@@ -327,6 +327,7 @@ def test_bad_locations_and_parameters(tmp_path, run_cli):
         (["--job-dir", str(tmp_path / "no" / "job")], r"the parent directory of --job-dir does not exist"),
         (["--job-dir", str(tmp_path / "job"), "--num-shards", "3"], r"--num-shards 3 exceeds the number of input rows \(2\)"),
         (["--job-dir", str(tmp_path / "job"), "--num-shards", "0"], r"must be at least 1"),
+        (["--job-dir", str(tmp_path / "job"), "--num-shards", "100000"], r"--num-shards 100000 is more than 99999"),
         (
             ["--job-dir", str(tmp_path / "job"), "--lock-timeout-secs", "10", "--heartbeat-interval-secs", "6"],
             r"must be at most half",
@@ -337,6 +338,38 @@ def test_bad_locations_and_parameters(tmp_path, run_cli):
         proc = run_cli(*args)
         assert_rejected(tmp_path, proc, pattern, where=data)
         assert sorted(os.listdir(data)) == ["a.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        ["prepare"],
+        ["local", "--workers", "1"],
+        ["dlc", "--run-id", "r1"],
+        ["mpi", "--np", "2"],
+        ["slurm", "--nodes", "2", "--dry-run"],
+    ],
+)
+def test_every_launcher_refuses_a_job_dir_whose_parent_is_missing_and_says_why(tmp_path, run_cli, launcher):
+    """A missing parent on a shared filesystem usually means the share is not mounted on this node:
+    every launcher refuses before it writes anything, and the message says why it creates nothing."""
+    data = _dir(tmp_path / "data", {"a.jsonl": GOOD})
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
+    proc = run_cli(*launcher, "--config", str(recipe), "--num-shards", "1", "--job-dir", str(tmp_path / "no" / "job"))
+    assert_rejected(tmp_path, proc, r"the parent directory of --job-dir does not exist: .*/no\. .*not mounted on this node")
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_mpi_rank_on_a_node_without_the_share_stops_at_once(tmp_path, run_cli, monkeypatch):
+    """`mpi` starts its workers to share the prepare (JOIN_ENV) once it has seen the job
+    directory's parent: a rank that does not see it is on a node without the share, and says so
+    instead of waiting for a prepare it can never see."""
+    from elastic_sharding.prepare.cooperate import JOIN_ENV
+
+    monkeypatch.setenv(JOIN_ENV, "1")
+    proc = run_cli("worker", "--job-dir", str(tmp_path / "unmounted" / "job"))
+    assert_rejected(tmp_path, proc, r"does not exist on this node .*the shared filesystem is not mounted here")
 
 
 def test_dataset_disappearing_between_passes(tmp_path, run_cli, monkeypatch):

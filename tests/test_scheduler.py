@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support.jobs import REPO
@@ -135,7 +136,7 @@ def test_explicit_flags_and_the_generic_variables_win_over_the_scheduler():
 
 
 @pytest.mark.parametrize(
-    "variable", ["SLURM_JOB_NUM_NODES", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", "ELASTIC_SHARD_NODES"]
+    "variable", ["SLURM_JOB_NUM_NODES", "OMPI_COMM_WORLD_SIZE", "JOB_COMPLETION_INDEX", "ELASTIC_SHARD_NODES", "PET_NNODES"]
 )
 def test_a_malformed_variable_is_refused_by_name(variable):
     env = {"SLURM_JOB_ID": "1"} if variable == "SLURM_JOB_NUM_NODES" else {}
@@ -143,23 +144,41 @@ def test_a_malformed_variable_is_refused_by_name(variable):
         detect({**env, variable: "four"}, hostname="x")
 
 
-def test_dlc_explain_prints_what_it_detected_and_runs_nothing(tmp_path):
-    job = tmp_path / "job"
-    env = {"PATH": "/usr/bin:/bin", **SLURM_ARRAY}
-    out = subprocess.run(
-        [sys.executable, "-m", "elastic_sharding", "dlc", "--job-dir", str(job), "--explain"],
+def _explain(job: Path, *flags: str, **environ: str) -> subprocess.CompletedProcess:
+    """`dlc --explain` in a process of its own, with only `environ` for a scheduler's variables."""
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_sharding", "dlc", "--job-dir", str(job), "--explain", *flags],
         cwd=REPO,
-        env={**env, "PYTHONPATH": str(REPO / "src")},
+        env={"PATH": "/usr/bin:/bin", **environ, "PYTHONPATH": str(REPO / "src")},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_dlc_explain_prints_what_it_detected_and_runs_nothing(tmp_path):
+    job = tmp_path / "job"
+    out = _explain(job, **SLURM_ARRAY)
     assert out.returncode == 0, out.stderr
     assert "scheduler:  slurm (array)" in out.stdout
     assert "run id:     slurm-900" in out.stdout
     assert "node index: 7" in out.stdout and "nodes:      16" in out.stdout
     assert "from $SLURM_ARRAY_TASK_COUNT=16" in out.stdout
     assert not job.exists()
+
+
+def test_dlc_explain_warns_where_the_command_would_stop(tmp_path):
+    """Outside a scheduler with no run id, and with strict-mode arithmetic that cannot hold: the
+    explanation says so (exit 0: it only explains) where `dlc` itself would refuse to start."""
+    out = _explain(tmp_path / "job", "--nodes", "4", "--num-shards", "6", "--require-all-nodes")
+    assert out.returncode == 0, out.stderr
+    assert "run id:     none" in out.stdout
+    assert "warning: this command would stop here: no run id: pass --run-id ID" in out.stdout
+    assert "warning: this command would stop here: --require-all-nodes with --nodes 4 and --num-shards 6" in out.stdout
+    named = _explain(tmp_path / "job", "--run-id", "smoke-1")
+    assert named.returncode == 0, named.stderr
+    assert "run id:     smoke-1" in named.stdout and "would stop here" not in named.stdout
+    assert not (tmp_path / "job").exists()
 
 
 def _need_mpirun() -> list[str]:
@@ -194,5 +213,9 @@ def test_a_real_mpirun_is_detected_and_runs_a_whole_dlc_job_without_nodes_or_run
 def test_an_elastic_pytorchjob_and_an_interactive_salloc_step_are_read_right():
     elastic = detect({"PET_NNODES": "1:8", "WORLD_SIZE": "3", "RANK": "2"}, hostname="x")
     assert (elastic.nodes, elastic.node_index) == (3, 2)
+    assert any("$PET_NNODES=1:8 is a range" in w and "$WORLD_SIZE=3" in w and "--nodes" in w for w in elastic.warnings)
+    assert "warning: $PET_NNODES=1:8 is a range" in elastic.describe()
+    fixed = detect({"PET_NNODES": "4", "WORLD_SIZE": "4", "RANK": "2", "ELASTIC_SHARD_RUN_ID": "r"}, hostname="x")
+    assert fixed.nodes == 4 and not fixed.warnings
     shell = {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_ID": "4294967290", "SLURM_NODEID": "0"}
     assert any("not in a job step" in w for w in detect(shell, hostname="x").warnings)

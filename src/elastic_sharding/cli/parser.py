@@ -46,7 +46,12 @@ def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, lau
         parser.add_argument(
             "--config", type=Path, help="Data-Juicer YAML recipe (default: the bundled demos/elastic_sharding/configs/demo.yaml)"
         )
-    parser.add_argument("--dataset-path", type=Path, help="JSONL file or directory (overrides the recipe's dataset_path)")
+    parser.add_argument(
+        "--dataset-path",
+        type=Path,
+        help="the input: a JSONL (.jsonl, .jsonl.gz, .jsonl.zst) or Parquet file, or a directory of one kind "
+        "(overrides the recipe's dataset_path)",
+    )
     _add_job_dir(parser)
     if config_required:
         parser.add_argument("--num-shards", required=True, type=_positive_int, help="exact number of non-empty shards")
@@ -225,7 +230,7 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
     dlc = profile == "dlc"
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Run a Data-Juicer recipe over a large JSONL dataset on many nodes that share a POSIX directory.",
+        description="Run a Data-Juicer recipe over a large JSONL or Parquet dataset on many nodes that share a POSIX directory.",
     )
     parser.add_argument("--log-level", default=os.environ.get("ELASTIC_SHARD_LOG_LEVEL", "INFO"), help="stderr log level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -300,7 +305,10 @@ def build_parser(prog: str = "elastic-shard", profile: str = "shard") -> argpars
     p = sub.add_parser("report", help="write a self-contained HTML page: timeline of every attempt, throughput, shards")
     _add_job_dir(p)
     p.add_argument(
-        "--output", required=True, type=Path, help="the HTML file to write (e.g. report.html); missing directories are created"
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="the HTML file to write (default: report.html in the job directory); missing directories are created",
     )
     p.add_argument("--lock-timeout-secs", type=float, help="only affects whether claims display as stale")
 

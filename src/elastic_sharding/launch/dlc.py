@@ -296,11 +296,25 @@ def _shard_state(layout: JobLayout, shard_id: str) -> tuple[str, str]:
     return state, "unclaimed" if claim is None else f"claimed by host={claim.host}"
 
 
+def explain(opts: DlcOptions, placement: Placement) -> str:
+    """The `--explain` text, with a warning for each refusal the same command would meet at start."""
+    lines = [placement.describe()]
+    for check in (
+        lambda: resolve_run_id(opts.run_id, placement),
+        lambda: strict_claim_cap(placement.nodes, opts.job.num_shards, opts.require_all_nodes),
+    ):
+        try:
+            check()
+        except UsageError as exc:
+            lines.append(f"warning: this command would stop here: {exc}")
+    return "\n".join(lines)
+
+
 def run_dlc(opts: DlcOptions) -> int:
     """Node count and run id come from the flags, else from the scheduler the command runs under."""
     placement = detect(os.environ).overridden(opts.nodes, opts.run_id)
     if opts.explain:
-        sys.stdout.write(placement.describe() + "\n")
+        sys.stdout.write(explain(opts, placement) + "\n")
         return EXIT_OK
     for warning in placement.warnings:
         log.warning("%s", warning)

@@ -26,6 +26,7 @@ RUN_ID_ENV = "ELASTIC_SHARD_RUN_ID"
 NODES_ENV = "ELASTIC_SHARD_NODES"
 SUBMISSION_ID_VARIABLES = ("PAI_JOB_ID", "DLC_JOB_ID", "JOB_ID")
 INTERACTIVE_STEP = "4294967290"  # SLURM_INTERACTIVE_STEP
+ELASTIC_RANGE_RE = re.compile(r"^\d+:\d+$")  # PET_NNODES under a PyTorchJob elasticPolicy
 
 
 class Scheduler(StrEnum):
@@ -222,10 +223,19 @@ def _kubernetes(r: _Reader) -> _Found | None:
 
 def _ranks(r: _Reader) -> _Found | None:
     """Kubeflow's PyTorchJob (and PAI-DLC's) sets RANK/WORLD_SIZE per pod, PET_* for torchrun."""
-    # With an elasticPolicy PET_NNODES is a range ("1:8"): the pod count is then WORLD_SIZE's.
+    # With an elasticPolicy PET_NNODES is a range ("1:8"): the pod count is then WORLD_SIZE's, a
+    # count of this moment that pods coming and going change; anything else must be a number.
     nnodes = r.text("PET_NNODES")
-    size = r.number("PET_NNODES") if nnodes is not None and nnodes[1].isdigit() else None
+    elastic = nnodes is not None and ELASTIC_RANGE_RE.match(nnodes[1]) is not None
+    size = r.number("PET_NNODES") if nnodes is not None and not elastic else None
     size = size or r.number("WORLD_SIZE")
+    if elastic:
+        assert nnodes is not None
+        counted = f"the node count is ${size[0]}={size[1]}, the pods of this moment" if size else "the node count is not said"
+        r.warnings.append(
+            f"${nnodes[0]}={nnodes[1]} is a range (a PyTorchJob elasticPolicy): {counted}; pods may come and go, so "
+            "--require-all-nodes cannot rely on it: pass --nodes N, or leave out elasticPolicy (docs/guides/kubernetes.md)"
+        )
     rank = r.number("PET_NODE_RANK", "RANK")
     if size is None and rank is None:
         return None

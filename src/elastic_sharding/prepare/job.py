@@ -25,7 +25,7 @@ from elastic_sharding.prepare.inputs import check_existing, check_locations, dis
 from elastic_sharding.prepare.plan import configured_unit_bytes, make_plan, open_plan, plan_units, write_units
 from elastic_sharding.prepare.recipe import Recipe, missing_requirements, read_recipe, read_resolved
 from elastic_sharding.prepare.units import UnitWork
-from elastic_sharding.records import Manifest, Request
+from elastic_sharding.records import MAX_SHARDS, Manifest, Request
 from elastic_sharding.settings import Settings, validate_settings
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,11 @@ def preflight(req: PrepareRequest) -> _Checked:
     validate_settings(req.settings)
     if req.num_shards < 1:
         raise UsageError("--num-shards must be at least 1")
+    if req.num_shards > MAX_SHARDS:
+        raise UsageError(
+            f"--num-shards {req.num_shards} is more than {MAX_SHARDS}, the most a job holds (shard ids have five "
+            "digits); docs/guides/shard-count.md says how many to choose"
+        )
     base = req.base_dir or Path.cwd()
     config_path = Path(os.path.abspath(req.config))
     raw_config, config_sha = read_recipe(config_path)
@@ -76,7 +81,12 @@ def preflight(req: PrepareRequest) -> _Checked:
     job = JobLayout(Path(os.path.abspath(req.job_dir)))
     check_locations(job.root, dataset)
     if not job.root.parent.is_dir():
-        raise UsageError(f"the parent directory of --job-dir does not exist: {job.root.parent}")
+        raise UsageError(
+            f"the parent directory of --job-dir does not exist: {job.root.parent}. It is not created on purpose: on a "
+            "shared filesystem a missing parent usually means the share is not mounted on this node, and creating it "
+            "would split the job across local disks. Mount the share (or create the parent once, on the shared "
+            "filesystem) and run the same command again"
+        )
     check_job_filesystem(job.root, creating=True)
     return _Checked(base, config_path, config_sha, dataset, job)
 

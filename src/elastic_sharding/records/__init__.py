@@ -27,6 +27,7 @@ from elastic_sharding.records.claims import (
 from elastic_sharding.records.codec import (
     ATTEMPT_ID_RE,
     FORMAT_VERSION,
+    MAX_SHARDS,
     PATH_FIELDS,
     ROW_KEY,
     SHARD_ID_RE,
@@ -58,6 +59,7 @@ __all__ = [
     # codec
     "ATTEMPT_ID_RE",
     "FORMAT_VERSION",
+    "MAX_SHARDS",
     "PATH_FIELDS",
     "ROW_KEY",
     "SHARD_ID_RE",

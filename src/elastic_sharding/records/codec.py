@@ -42,6 +42,9 @@ PATH_FIELDS = {
 R = TypeVar("R")
 
 
+MAX_SHARDS = 99_999  # shard ids carry five digits: part-NNNNN-of-NNNNN
+
+
 def shard_id_for(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
 
