@@ -134,6 +134,9 @@ def test_an_array_grows_loses_a_cancelled_task_and_requeued_tasks_rejoin(slurm, 
     cluster.wait_for(lambda: len(done_hosts(status(cluster, job))) >= 2, 120, 0.5, "two shards done")
     cluster.run(["scontrol", "update", "nodename=node3", "state=resume"], check=True)
     cluster.wait_for(lambda: "node3" in _claims(cluster, job).values(), 60, 0.5, "node3 holding a shard")
+    # Before its task is signalled below: a shard done there is what shows the late task worked
+    # (its first shard was still running when the USR1 came, 2 s after it started, in a CI run).
+    cluster.wait_for(lambda: "node3" in done_hosts(status(cluster, job)).values(), 60, 0.5, "a shard done on node3")
 
     # scancel of node1's task mid-shard: that shard is handed back (drained) and done elsewhere.
     held = cluster.wait_for(lambda: [s for s, h in _claims(cluster, job).items() if h == "node1"], 30, 0.2, "node1 mid-shard")
