@@ -120,6 +120,12 @@ class _Reader:
         self.evidence.append(f"{what} {value} from ${name}={shown}")
 
 
+def read_number(environ: Mapping[str, str], *names: str) -> int | None:
+    """The first of `names` that is set, as a whole number (a UsageError naming it otherwise)."""
+    found = _Reader(environ).number(*names)
+    return found[1] if found is not None else None
+
+
 @dataclass
 class _Found:
     scheduler: Scheduler

@@ -32,10 +32,10 @@ from pathlib import Path
 from elastic_sharding import __version__
 from elastic_sharding.errors import EXIT_OK, ElasticShardError, UsageError
 from elastic_sharding.launch.dlc import strict_claim_cap
-from elastic_sharding.launch.scheduler import INTERACTIVE_STEP, Shape
+from elastic_sharding.launch.scheduler import INTERACTIVE_STEP, Shape, read_number
 from elastic_sharding.launch.steps import JobRequest, preflight_job, wait_draining
 from elastic_sharding.prepare.inputs import discover
-from elastic_sharding.prepare.recipe import check_with_engine, read_resolved, recipe_and_base
+from elastic_sharding.prepare.recipe import load_recipe, recipe_and_base
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +96,7 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
 
 def allocation_nodes(environ: Mapping[str, str]) -> int | None:
     """The node count of the enclosing allocation, or None where Slurm does not say."""
-    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        value = environ.get(name, "").strip()
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise UsageError(f"${name}={value!r} is not a whole number; unset it or fix the job's environment") from None
-    return None
+    return read_number(environ, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 
 
 def check_request(req: SlurmRequest, environ: Mapping[str, str]) -> None:
@@ -264,7 +257,7 @@ def preflight(req: SlurmRequest, nodes: int | None) -> None:
     discover(dataset)  # found and listed, not read: the first thing the nodes' prepare does with it
     if not req.job.install_missing:  # else the nodes install what they lack; the engine judges there
         config, base = recipe_and_base(req.job.config)
-        check_with_engine(read_resolved(config, base or Path.cwd()))
+        load_recipe(config, base or Path.cwd())
 
 
 def submit(req: SlurmRequest, environ: Mapping[str, str]) -> int:

@@ -372,12 +372,11 @@ def job_metrics(
             backup_of=attempt.backup_of,
         )
         shard = attempt.shard_id
+        node.running.append(item)
         if shard in unfinished:
             item.straggling = judge(attempt, rule, median)
             if item.straggling is not None:
                 stragglers.append(item)
-        node.running.append(item)
-        if shard in unfinished:
             done_part[shard] = max(done_part.get(shard, 0.0), fraction * attempt.input_bytes)
         worker = (attempt.host, attempt.pid)
         if worker in rates:
