@@ -31,7 +31,7 @@ from elastic_sharding.observe import stages as stage_reader
 from elastic_sharding.observe.html_report import render_report, write_report
 from elastic_sharding.observe.status import Status
 from elastic_sharding.prepare.job import PrepareRequest, prepare
-from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, Heartbeat, KeptShard, UnitClaim, encode
+from elastic_sharding.records import StageFailure, DedupStageDone, DedupUnitDone, Heartbeat, KeptShard, UnitClaim, encode
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 HEAD = """\
@@ -283,7 +283,7 @@ def test_a_failed_stage_fails_the_job_naming_the_unit_host_and_error(dedup_first
     files = StageLayout(JobLayout(dedup_first).stage_dir(1))
     _done(files, "keys-00000", now - 10, 1.0)
     _claim(files, "keys-00002", now - 5, host="node-b", pid=77, beat=now - 4)
-    _write(files.failed, DedupFailure("keys-00002", "InputError", "row 3 of part-00002: text is not a string", "node-b", 77))
+    _write(files.failed, StageFailure("keys-00002", "InputError", "row 3 of part-00002: text is not a string", "node-b", 77))
     status = Status(dedup_first)
     report = _json(status)
     assert report["failed"] and not report["complete"] and report["exit_code"] == status.exit_code == EXIT_ERROR

@@ -57,6 +57,11 @@ class IntegrityError(ElasticShardError):
     """A shard input, attempt output or completion record failed validation."""
 
 
+class AnalysisError(ElasticShardError):
+    """A statistic cannot be analysed exactly as `dj-analyze` would (a column pandas would read in a
+    way the analysis across shards does not reproduce); names the column and what to do."""
+
+
 class AttemptFailed(Exception):
     """One shard attempt failed; the worker records it and applies the retry rules.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.layout import JobLayout, StageLayout
-from elastic_sharding.records import DedupFailure, KeptShard, Manifest, SegmentSpec, ShardSpec, decode
+from elastic_sharding.records import StageFailure, KeptShard, Manifest, SegmentSpec, ShardSpec, decode
 
 WHOLE_RECIPE = 1 << 30  # the end of a segment that runs to the end of `process`, however long
 
@@ -68,7 +68,7 @@ def segment_input(layout: JobLayout, index: int, shard_id: str) -> Path:
 def stage_failure(layout: JobLayout, stage: int) -> str | None:
     """What made a stage fail, in one line (None if it has not): `retry --all-failed` requeues it."""
     path = stage_files(layout, stage).failed
-    failure = fsops.read_record(path, lambda data: decode(DedupFailure, data, path))
+    failure = fsops.read_record(path, lambda data: decode(StageFailure, data, path))
     if failure is None:
         return None
     return (

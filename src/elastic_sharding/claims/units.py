@@ -9,14 +9,16 @@ taken over at once. A unit's result must depend only on its name and on what eve
 read, never on who computed it: a fenced straggler that publishes late then loses the create-once
 race to identical bytes.
 
-The cooperative prepare (`prepare/cooperate.py`) and the deduplication stages
-(`dedup/cooperate.py`) are made of these units; each says which units exist, in which order, and
-what one does. A directory that vanishes under a participant surfaces as `FileNotFoundError`
-from these calls: what that means is the caller's to decide.
+The cooperative prepare (`prepare/cooperate.py`), the deduplication stages (`dedup/cooperate.py`)
+and the analysis (`analysis/cooperate.py`) are made of these units; each says which units exist,
+in which order, and what one does. The two whole-dataset stages share `SharedStage`: phases of
+units whose first failure ends every participant. A directory that vanishes under a participant
+surfaces as `FileNotFoundError` from these calls: what that means is the caller's to decide.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -25,11 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from elastic_sharding import crashpoints, fsops
+from elastic_sharding import crashpoints, errors, fsops
 from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
 from elastic_sharding.claims.protocol import new_token, remove_if_token
 from elastic_sharding.claims.takeover import StalenessObserver
-from elastic_sharding.records import UnitClaim, decode, encode
+from elastic_sharding.errors import ElasticShardError
+from elastic_sharding.records import StageFailure, UnitClaim, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,13 @@ class UnitPaths(Protocol):
     def beat(self, unit: str) -> Path: ...
 
     def result(self, unit: str) -> Path: ...
+
+
+class StagePaths(UnitPaths, Protocol):
+    """A whole-dataset stage's units, plus where its first failure is published."""
+
+    units: Path
+    failed: Path
 
 
 class _UnitKeeper(LeaseKeeper):
@@ -179,3 +189,79 @@ class Units:
             pending = still
             if pending and not progressed:
                 time.sleep(self.poll_secs)
+
+
+class SharedStage:
+    """One process's share of a whole-dataset stage: phases of units (each phase complete before
+    the next begins), where a unit that raises publishes `failed` create-once and every
+    participant then ends with that first error, as the same type and exit code."""
+
+    def __init__(
+        self,
+        paths: StagePaths,
+        what: str,
+        lease_secs: float,
+        heartbeat_secs: float,
+        poll_secs: float,
+        stop: Callable[[], bool] = lambda: False,
+    ):
+        self.paths = paths
+        self.what = what
+        self.stop = stop
+        self.units = Units(paths, what, lease_secs, heartbeat_secs, poll_secs)
+        self._helped: set[str] = set()  # seen published by `help_once`: never looked at again
+
+    def run_phase(self, names: list[str], do: Callable[[str], bytes], crash_point: str) -> None:
+        """Every unit of `names` done by someone; `do(name)` makes one unit's result bytes."""
+        fsops.make_dirs(self.paths.units)
+        self.units.run_phase(names, self.guarded(do), crash_point, self.check)
+
+    def help_once(self, names: list[str], ready: Callable[[str], bool], do: Callable[[str], bytes], crash_point: str) -> bool:
+        """Do one unit of `names` that is `ready` and nobody holds (a phase begun early, while the
+        work it reads is still being finished); False if there is none."""
+        self.check()
+        fsops.make_dirs(self.paths.units)
+        for name in names:
+            if name in self._helped:
+                continue
+            if self.units.is_done(name):
+                self._helped.add(name)
+                continue
+            if not ready(name):
+                continue
+            token = self.units.try_claim(name)
+            if token is not None:
+                self.units.complete(name, token, self.guarded(do), crash_point)
+                return True
+        return False
+
+    def guarded(self, do: Callable[[str], bytes]) -> Callable[[str], bytes]:
+        def run(name: str) -> bytes:
+            try:
+                return do(name)
+            except Exception as exc:
+                failure = exc if isinstance(exc, ElasticShardError) else ElasticShardError(f"{type(exc).__name__}: {exc}")
+                self._publish_failure(name, failure)
+                # The first failure published is everyone's, this participant's included.
+                raise self.published_failure() or failure from exc
+
+        return run
+
+    def published_failure(self) -> ElasticShardError | None:
+        path = self.paths.failed
+        failed = fsops.read_record(path, lambda data: decode(StageFailure, data, path))
+        if failed is None:
+            return None
+        return errors.rebuilt(failed.error, f"{failed.message} (in {failed.unit} on host={failed.host} pid={failed.pid})")
+
+    def check(self) -> None:
+        failed = self.published_failure()
+        if failed is not None:
+            raise failed
+        if self.stop():
+            raise errors.Interrupted(f"stopped during {self.what}")
+
+    def _publish_failure(self, unit: str, exc: ElasticShardError) -> None:
+        record = StageFailure(unit=unit, error=type(exc).__name__, message=str(exc), host=self.units.host, pid=self.units.pid)
+        with contextlib.suppress(OSError):
+            fsops.publish_once(self.paths.failed, encode(record))

@@ -18,7 +18,6 @@ still waiting for the last shards of the previous segment hashes the finished on
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import time
@@ -27,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from elastic_sharding import errors, fsops
-from elastic_sharding.claims.units import Units
+from elastic_sharding import fsops
+from elastic_sharding.claims.units import SharedStage
 from elastic_sharding.dedup.arrays import STAGE_AND_AFTER
 from elastic_sharding.dedup.stage import DedupStage
-from elastic_sharding.errors import ElasticShardError, JobStateError
+from elastic_sharding.errors import JobStateError
 from elastic_sharding.layout import StageLayout
-from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard, decode, encode
+from elastic_sharding.records import DedupStageDone, DedupUnitDone, KeptShard, decode, encode
 
 KEYS, BUCKETS, COMPONENTS, KEEP = "keys", "buckets", "components", "keep"
 PHASES = (KEYS, BUCKETS, COMPONENTS, KEEP)
@@ -66,51 +65,33 @@ class StageParticipant:
     ):
         self.stage = stage
         self.rows_of = rows_of
-        self.stop = stop
         self.keep = keep
         self.paths = stage.files
-        self.units = Units(self.paths, what, lease_secs, heartbeat_secs, poll_secs)
+        self.shared = SharedStage(self.paths, what, lease_secs, heartbeat_secs, poll_secs, stop)
+        self.units = self.shared.units
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._op: Any = op
-        self._keys_done: set[int] = set()  # seen published by `help_with_keys`: never looked at again
 
     def run(self) -> DedupStageDone:
         """Take part until the stage is complete (and, with `keep`, every shard kept); raises the
         error a participant published, or `Interrupted` when asked to stop."""
         done = read_done(self.paths)
         if done is None:
-            fsops.make_dirs(self.paths.units)
             done = self._find_duplicates()
         if self.keep is not None:
             keep = self.keep
             names = [unit_name(KEEP, i) for i in range(self.stage.plan.num_shards)]
             drops = self.stage.drops
-            self.units.run_phase(
-                names, self._guarded(lambda i: keep(i, drops(i, done.final_round))), f"dedup-{KEEP}", self._check
-            )
+            self.shared.run_phase(names, self._counted(lambda i: keep(i, drops(i, done.final_round))), f"dedup-{KEEP}")
         return done
 
     def help_with_keys(self, ready: Callable[[int], bool]) -> bool:
         """Do one keys unit whose shard is `ready` and nobody holds; False if there is none."""
         if read_done(self.paths) is not None:
             return False
-        self._check()
-        fsops.make_dirs(self.paths.units)
-        for shard_index in range(self.stage.plan.num_shards):
-            if shard_index in self._keys_done:
-                continue
-            name = unit_name(KEYS, shard_index)
-            if self.units.is_done(name):
-                self._keys_done.add(shard_index)
-                continue
-            if not ready(shard_index):
-                continue
-            token = self.units.try_claim(name)
-            if token is not None:
-                self.units.complete(name, token, self._guarded(self._keys), f"dedup-{KEYS}")
-                return True
-        return False
+        names = [unit_name(KEYS, i) for i in range(self.stage.plan.num_shards)]
+        return self.shared.help_once(names, lambda name: ready(_index(name)), self._counted(self._keys), f"dedup-{KEYS}")
 
     def _find_duplicates(self) -> DedupStageDone:
         plan = self.stage.plan
@@ -135,19 +116,15 @@ class StageParticipant:
     def _phase(self, phase: str, count: int, do: Callable[[int], int], round_number: int | None = None) -> int:
         """Run a phase's units to completion; the sum of their counts."""
         names = [unit_name(phase, i, round_number) for i in range(count)]
-        self.units.run_phase(names, self._guarded(do), f"dedup-{phase}", self._check)
+        self.shared.run_phase(names, self._counted(do), f"dedup-{phase}")
         return sum(self._result(name).count for name in names)
 
-    def _guarded(self, do: Callable[[int], int | KeptShard]) -> Callable[[str], bytes]:
+    def _counted(self, do: Callable[[int], int | KeptShard]) -> Callable[[str], bytes]:
+        """A unit's work by its index, and its result record: a kept shard, or the count it made."""
+
         def run(name: str) -> bytes:
             started = time.monotonic()
-            try:
-                count = do(int(name.rsplit("-", 1)[1]))
-            except Exception as exc:
-                failure = exc if isinstance(exc, ElasticShardError) else ElasticShardError(f"{type(exc).__name__}: {exc}")
-                self._publish_failure(name, failure)
-                # The first failure published is everyone's, this participant's included.
-                raise self._published_failure() or failure from exc
+            count = do(_index(name))
             if isinstance(count, KeptShard):
                 return encode(count)
             return encode(DedupUnitDone(name, count, self.host, self.pid, round(time.monotonic() - started, 3)))
@@ -172,20 +149,6 @@ class StageParticipant:
             raise JobStateError(f"{path}: missing; the stage is incomplete: remove {STAGE_AND_AFTER}")
         return record
 
-    def _published_failure(self) -> ElasticShardError | None:
-        failed = fsops.read_record(self.paths.failed, lambda data: decode(DedupFailure, data, self.paths.failed))
-        if failed is None:
-            return None
-        return errors.rebuilt(failed.error, f"{failed.message} (in {failed.unit} on host={failed.host} pid={failed.pid})")
 
-    def _check(self) -> None:
-        failed = self._published_failure()
-        if failed is not None:
-            raise failed
-        if self.stop():
-            raise errors.Interrupted(f"stopped during {self.stage.root.name}")
-
-    def _publish_failure(self, unit: str, exc: ElasticShardError) -> None:
-        record = DedupFailure(unit=unit, error=type(exc).__name__, message=str(exc), host=self.host, pid=self.pid)
-        with contextlib.suppress(OSError):
-            fsops.publish_once(self.paths.failed, encode(record))
+def _index(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])

@@ -24,7 +24,7 @@ from elastic_sharding import confined, fsops
 from elastic_sharding.errors import JobStateError, UsageError
 from elastic_sharding.layout import JobLayout, check_shard_id
 from elastic_sharding.observe.snapshot import ShardView, job_views
-from elastic_sharding.records import DedupFailure, load
+from elastic_sharding.records import StageFailure, load
 from elastic_sharding.segments import job_segments, segment_manifest, stage_files
 from elastic_sharding.vocabulary import ShardState
 
@@ -116,7 +116,7 @@ def _requeue_stage(layout: JobLayout, stage: int, retry_id: str) -> bool:
     files = stage_files(layout, stage)
     if not confined.lexists(files.failed):
         return False
-    failure = load(DedupFailure, files.failed)
+    failure = load(StageFailure, files.failed)
     archive = files.root / "history" / retry_id
     fsops.ensure_dir(archive.parent)
     if not fsops.make_dir_exclusive(archive):

@@ -41,7 +41,7 @@ from elastic_sharding import confined
 from elastic_sharding.claims.heartbeat import read_heartbeat_file
 from elastic_sharding.layout import JobLayout, StageLayout
 from elastic_sharding.observe.snapshot import read_leniently
-from elastic_sharding.records import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard, UnitClaim
+from elastic_sharding.records import StageFailure, DedupStageDone, DedupUnitDone, KeptShard, UnitClaim
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class StageView:
     phase: str | None
     round: int | None
     units: dict[str, PhaseUnits]
-    failure: DedupFailure | None
+    failure: StageFailure | None
     started_at: float | None
     finished_at: float | None
     eta_secs: float | None
@@ -173,7 +173,7 @@ def _unit_names(files: StageLayout) -> tuple[set[str], set[str]]:
 
 
 def _unit_view(
-    files: StageLayout, stage: int, name: str, published: bool, failure: DedupFailure | None, lock_timeout: float, now: float
+    files: StageLayout, stage: int, name: str, published: bool, failure: StageFailure | None, lock_timeout: float, now: float
 ) -> UnitView | None:
     match = _UNIT_RE.match(name)
     if match is None:
@@ -233,7 +233,7 @@ def read_stage(
 ) -> StageView:
     """Stage `stage` of the job: `input_done` says whether every shard of the segment before it is done."""
     files = StageLayout(layout.stage_dir(stage))
-    failure = read_leniently(files.failed, DedupFailure)
+    failure = read_leniently(files.failed, StageFailure)
     complete = read_leniently(files.done, DedupStageDone)
     claimed, published = _unit_names(files)
     views = []

@@ -38,7 +38,7 @@ from elastic_sharding.records.codec import (
     load,
     shard_id_for,
 )
-from elastic_sharding.records.dedup import DedupFailure, DedupStageDone, DedupUnitDone, KeptShard
+from elastic_sharding.records.dedup import StageFailure, DedupStageDone, DedupUnitDone, KeptShard
 from elastic_sharding.records.job import InputFile, Manifest, PackageRecord, Request, SegmentSpec, ShardSpec
 from elastic_sharding.records.outputs import IndexEntry, MergeRecord, MergeShard, OutputIndex, PublishRecord
 from elastic_sharding.records.prepare import (
@@ -110,7 +110,7 @@ __all__ = [
     "WriteDone",
     "UnitClaim",
     # dedup
-    "DedupFailure",
+    "StageFailure",
     "DedupStageDone",
     "DedupUnitDone",
     "KeptShard",

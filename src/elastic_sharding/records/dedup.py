@@ -27,7 +27,7 @@ class DedupStageDone:
 
 
 @dataclass
-class DedupFailure:
+class StageFailure:
     """A unit failed: the stage ends for every participant with this error."""
 
     unit: str
