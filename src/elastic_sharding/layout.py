@@ -103,10 +103,21 @@ class JobLayout:
         return self.root / "merged.jsonl"
 
     @property
+    def analysis_stage(self) -> Path:
+        """The units of a `--analyze` job's analysis (`AnalysisLayout`)."""
+        return self.root / "analysis-stage"
+
+    @property
+    def default_analysis(self) -> Path:
+        """Where a `--analyze` job's analysis directory is published without `--output`."""
+        return self.root / "analysis"
+
+    @property
     def own_names(self) -> frozenset[str]:
         """The names the tool keeps directly in the job directory: no output may take one."""
         paths = (self.manifest, self.recipe, self.merge_record, self.shards_dir, self.attempts_root, self.state)
-        return frozenset(path.name for path in (*paths, self.cache_dir, self.runtime_logs, self.refusals, self.root / "stages"))
+        extra = (self.cache_dir, self.runtime_logs, self.refusals, self.root / "stages", self.analysis_stage)
+        return frozenset(path.name for path in (*paths, *extra))
 
     def shard_input(self, shard_id: str, suffix: str = ".jsonl") -> Path:
         """A shard's input file: JSON lines, or (`.parquet`) a prepared Parquet input's row groups."""
@@ -310,6 +321,23 @@ class StageLayout(UnitFiles):
 
     def messages_file(self, round_number: int, part: int) -> Path:
         return self.root / "rounds" / f"{round_number:04d}" / f"messages-{part:05d}.rec"
+
+
+class AnalysisLayout(UnitFiles):
+    """The analysis of a `--analyze` job (`analysis/cooperate.py`): its units' claims and results,
+    its end and its failure, each shard's sorted statistic columns, and the finished directory."""
+
+    unit_name = staticmethod(StageLayout.unit_name)
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.units = root / "units"
+        self.done = root / "stage.json"
+        self.failed = root / "failed.json"
+        self.report = root / "report"
+
+    def shard_dir(self, shard_index: int) -> Path:
+        return self.root / "shards" / f"{shard_index:05d}"
 
 
 def coordination_root(job_dir: Path) -> Path:

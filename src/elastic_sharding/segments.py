@@ -14,7 +14,7 @@ from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.layout import JobLayout, StageLayout
-from elastic_sharding.records import StageFailure, KeptShard, Manifest, SegmentSpec, ShardSpec, decode
+from elastic_sharding.records import KeptShard, Manifest, SegmentSpec, ShardSpec, StageFailure, decode
 
 WHOLE_RECIPE = 1 << 30  # the end of a segment that runs to the end of `process`, however long
 

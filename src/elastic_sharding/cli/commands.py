@@ -40,6 +40,8 @@ def _job_request(args: argparse.Namespace):  # -> launch.steps.JobRequest
         output_format=args.output_format,
         prepare_procs=args.prepare_procs,
         install_missing=args.install_missing,
+        analyze=args.analyze,
+        percentiles=args.percentiles,
     )
 
 
@@ -123,6 +125,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
         base,
         args.prepare_procs,
         args.install_missing,
+        args.analyze,
+        args.percentiles,
     )
     result = prepare(request, quiet=args.quiet or args.json)
     if args.json:
@@ -170,8 +174,25 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 def _cmd_merge(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from elastic_sharding.finish.analysis_output import is_analysis, publish_analysis
     from elastic_sharding.finish.merge import merge
+    from elastic_sharding.layout import JobLayout
 
+    if is_analysis(JobLayout(Path(os.path.abspath(args.job_dir)))):
+        analysis, record, _ = publish_analysis(
+            args.job_dir,
+            args.output,
+            args.overwrite,
+            args.lock_timeout_secs,
+            quiet=args.quiet or args.json,
+            output_format=args.output_format,
+        )
+        if args.json:
+            fields = {
+                key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(analysis).items()
+            }
+            _emit_json({**fields, "merge": dataclasses.asdict(record)})
+        return EXIT_OK
     record = merge(
         args.job_dir,
         args.output,

@@ -34,6 +34,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is outside [0, 1]; write 0.999 for the 99.9th percentile")
+    return value
+
+
 def _add_job_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir", required=True, type=Path, help="shared job directory")
 
@@ -66,6 +76,21 @@ def _add_job_request(parser: argparse.ArgumentParser, config_required: bool, lau
         "--prepare-procs",
         type=_positive_int,
         help="processes on this node that share the prepare (default: its usable cores; for `local`, --workers)",
+    )
+    parser.add_argument(
+        "--analyze",
+        action="store_true",
+        help="analyze instead of process: every worker computes, shard by shard, the statistics dj-analyze computes "
+        "for this recipe (its stats-producing filters, not filtering, and its tagging operators; the rest is skipped), "
+        "and the finish writes dj-analyze's analysis directory, exact (docs/guides/analysis.md)",
+    )
+    parser.add_argument(
+        "--percentiles",
+        nargs="+",
+        type=_fraction,
+        metavar="Q",
+        help="with --analyze: percentiles to report besides 25%%, 50%% and 75%%, as fractions (0.01 0.999), as "
+        "dj-analyze's --percentiles (default: the recipe's percentiles)",
     )
     parser.add_argument(
         "--install-missing",
@@ -152,6 +177,9 @@ def dlc_arguments(args: argparse.Namespace) -> list[str]:
         flag = action.option_strings[0]
         if action.nargs == 0:
             argv.append(flag)
+            continue
+        if isinstance(value, list):
+            argv += [flag, *map(str, value)]
             continue
         if isinstance(value, Path) or action.dest == "output":
             text = str(value)

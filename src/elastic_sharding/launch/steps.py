@@ -22,13 +22,14 @@ from elastic_sharding.destination import (
     refuse_foreign_output,
 )
 from elastic_sharding.errors import ElasticShardError, Interrupted, UsageError
+from elastic_sharding.finish.analysis_output import check_analysis_output, publish_analysis
 from elastic_sharding.finish.merge import publish
 from elastic_sharding.finish.retry import retry
 from elastic_sharding.finish.validate import completed_outputs, validate_outputs
 from elastic_sharding.finish.verify import check_hosts, verify_output
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.status import Status
-from elastic_sharding.output_formats import choose_format, default_output
+from elastic_sharding.output_formats import JSONL, choose_format, default_output
 from elastic_sharding.prepare.job import PrepareRequest, preflight, prepare
 from elastic_sharding.prepare.recipe import recipe_and_base
 from elastic_sharding.records import Settings
@@ -52,6 +53,8 @@ class JobRequest:
     output_format: str | None = None  # `--output-format`; None: what the `--output` name says, else jsonl
     prepare_procs: int | None = None  # processes on this node that share the prepare (default: its cores)
     install_missing: bool = False  # install the packages the operators need and this node lacks, once
+    analyze: bool = False  # `--analyze`: the job computes dj-analyze's analysis; `output` is its directory
+    percentiles: list[float] | None = None
 
     @property
     def layout(self) -> JobLayout:
@@ -77,7 +80,16 @@ class JobRequest:
 def prepare_request(req: JobRequest) -> PrepareRequest:
     config, base = recipe_and_base(req.config)
     return PrepareRequest(
-        config, req.dataset_path, req.job_dir, req.num_shards, req.settings, base, req.prepare_procs, req.install_missing
+        config,
+        req.dataset_path,
+        req.job_dir,
+        req.num_shards,
+        req.settings,
+        base,
+        req.prepare_procs,
+        req.install_missing,
+        req.analyze,
+        req.percentiles,
     )
 
 
@@ -88,6 +100,10 @@ def preflight_job(req: JobRequest, create: bool = True) -> Path:
     fills in; an existing file there that is not this job's merge is refused. `create=False` (a
     dry run) makes the same checks and leaves nothing: no directory of `--output` is created.
     Returns the dataset path, resolved as prepare resolves it."""
+    if req.analyze:
+        checked = preflight(prepare_request(req))
+        check_analysis_output(req.layout, req.output, req.output_format, create)
+        return checked.dataset
     output_format = req.format  # first: a contradicting --output-format is refused before anything
     checked = preflight(prepare_request(req))
     layout = req.layout
@@ -149,12 +165,16 @@ def finalize(req: JobRequest, expect_nodes: int) -> Finalized:
     refused rather than overwritten.
     """
     layout = req.layout
-    output = req.output_path
-    directory = req.output_is_dir
-    output_format = req.format
     shards = completed_outputs(layout)
     hosts = check_hosts(shards, expect_nodes)
     log.info("%d shards were completed by %d node(s): %s", len(shards), len(hosts), ", ".join(hosts))
+    if layout.load_manifest().analysis is not None:
+        analysis, _, trusted = publish_analysis(layout.root, req.output, quiet=req.quiet)
+        record = verify_output(layout, analysis.stats_export, False, shards, trusted, JSONL)
+        return Finalized(len(shards), hosts, analysis.directory, record.rows, "analysis")
+    output = req.output_path
+    directory = req.output_is_dir
+    output_format = req.format
     if published(output, directory):
         trusted = validate_outputs(shards, quiet=True)
         try:

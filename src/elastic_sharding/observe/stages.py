@@ -41,7 +41,7 @@ from elastic_sharding import confined
 from elastic_sharding.claims.heartbeat import read_heartbeat_file
 from elastic_sharding.layout import JobLayout, StageLayout
 from elastic_sharding.observe.snapshot import read_leniently
-from elastic_sharding.records import StageFailure, DedupStageDone, DedupUnitDone, KeptShard, UnitClaim
+from elastic_sharding.records import DedupStageDone, DedupUnitDone, KeptShard, StageFailure, UnitClaim
 
 log = logging.getLogger(__name__)
 

@@ -103,6 +103,10 @@ def _same_request(existing: Manifest, request: Request, inputs_now: list[InputFi
         return f"--num-shards differs ({old.num_shards} vs {request.num_shards})"
     if old.settings != request.settings:
         return "the claim/retry/poll/Ray settings differ"
+    if old.analyze != request.analyze:
+        return "this job was prepared with --analyze" if old.analyze else "this job was prepared without --analyze"
+    if old.percentiles != request.percentiles:
+        return f"--percentiles differs ({old.percentiles} vs {request.percentiles})"
     change = _changed_file(existing.inputs, inputs_now)
     return f"the input files changed: {change}" if change else None
 

@@ -20,6 +20,7 @@ from elastic_sharding.dependencies.install import install
 from elastic_sharding.errors import JobStateError, RecipeError, UsageError
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
+from elastic_sharding.prepare.analysis_recipe import analysis_recipe
 from elastic_sharding.prepare.cooperate import RECIPE, Gone, Participant, PrepareDir, spawn_helpers, stop_helpers
 from elastic_sharding.prepare.inputs import check_existing, check_locations, discover, input_format, stat_input
 from elastic_sharding.prepare.plan import configured_unit_bytes, make_plan, open_plan, plan_units, write_units
@@ -41,6 +42,8 @@ class PrepareRequest:
     base_dir: Path | None = None  # relative paths in the recipe resolve from here (default: cwd)
     procs: int | None = None  # processes on this node that share the work (default: its usable cores)
     install_missing: bool = False  # pip-install the packages the operators need and this node lacks, first
+    analyze: bool = False  # compute dj-analyze's analysis of the recipe instead of processing (`analysis/`)
+    percentiles: list[float] | None = None  # with `analyze`: `--percentiles` (None: the recipe's)
 
 
 @dataclass
@@ -64,6 +67,8 @@ def preflight(req: PrepareRequest) -> _Checked:
     validate_settings(req.settings)
     if req.num_shards < 1:
         raise UsageError("--num-shards must be at least 1")
+    if req.percentiles is not None and not req.analyze:
+        raise UsageError("--percentiles is an option of --analyze; add --analyze, or leave --percentiles out")
     if req.num_shards > MAX_SHARDS:
         raise UsageError(
             f"--num-shards {req.num_shards} is more than {MAX_SHARDS}, the most a job holds (shard ids have five "
@@ -106,6 +111,8 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
         dataset_path=str(dataset),
         num_shards=req.num_shards,
         settings=req.settings,
+        analyze=req.analyze,
+        percentiles=req.percentiles if req.analyze else None,
     )
     existing = check_existing(job, request, dataset, verify_content, quiet)
     if existing is not None:
@@ -126,12 +133,13 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
     procs_started = spawn_helpers(job.root, helpers) if helpers else []
     try:
         recipe = read_resolved(config_path, base)
+        analysis = analysis_recipe(recipe, req.percentiles) if req.analyze else None
         if req.install_missing:
             install(missing_requirements(recipe))
         fmt = input_format(files)
         if fmt == "parquet":
             refuse_on_parquet(recipe)
-        plan = make_plan(request, recipe, kind, root, files, stats, units, base, fmt)
+        plan = make_plan(request, recipe, kind, root, files, stats, units, base, fmt, analysis)
         pdir = PrepareDir.of(job.root)
         # A prepare of the same request that was under way may have published the job since the
         # check above: then there is nothing to join.

@@ -22,10 +22,10 @@ from elastic_sharding import confined, fsops
 from elastic_sharding.engine import engine_identity, python_identity
 from elastic_sharding.errors import JobStateError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.prepare.cooperate import PrepareDir
+from elastic_sharding.prepare.prepare_dir import PrepareDir
 from elastic_sharding.prepare.recipe import Recipe, dump_config
 from elastic_sharding.prepare.sources import compression_of
-from elastic_sharding.records import FORMAT_VERSION, PreparePlan, Request, encode
+from elastic_sharding.records import FORMAT_VERSION, AnalysisSpec, PreparePlan, Request, encode
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ def make_plan(
     units: list[list[list[int | None]]],
     recipe_base: Path,
     input_format: str = "jsonl",
+    analysis: AnalysisSpec | None = None,
 ) -> PreparePlan:
     sizes = [st.st_size for st in stats]
     mtimes = [st.st_mtime_ns for st in stats]
@@ -103,6 +104,7 @@ def make_plan(
         "warnings": list(recipe.warnings),
         "segments": [dataclasses.asdict(segment) for segment in recipe.segments],
         "input_format": input_format,
+        "analysis": dataclasses.asdict(analysis) if analysis is not None else None,
     }
     settings = request.settings
     key_source = orjson.dumps(

@@ -31,6 +31,7 @@ from elastic_sharding.records.codec import (
     PATH_FIELDS,
     ROW_KEY,
     SHARD_ID_RE,
+    STATS_EXPORT_FIELDS,
     TOKEN_RE,
     decode,
     encode,
@@ -38,8 +39,8 @@ from elastic_sharding.records.codec import (
     load,
     shard_id_for,
 )
-from elastic_sharding.records.dedup import StageFailure, DedupStageDone, DedupUnitDone, KeptShard
-from elastic_sharding.records.job import InputFile, Manifest, PackageRecord, Request, SegmentSpec, ShardSpec
+from elastic_sharding.records.dedup import DedupStageDone, DedupUnitDone, KeptShard, StageFailure
+from elastic_sharding.records.job import AnalysisSpec, InputFile, Manifest, PackageRecord, Request, SegmentSpec, ShardSpec
 from elastic_sharding.records.outputs import IndexEntry, MergeRecord, MergeShard, OutputIndex, PublishRecord
 from elastic_sharding.records.prepare import (
     PrepareCuts,
@@ -56,12 +57,14 @@ from elastic_sharding.records.submission import Outcome, PhaseLock, PhaseResult,
 from elastic_sharding.settings import Settings
 
 __all__ = [
+    "AnalysisSpec",
     # codec
     "ATTEMPT_ID_RE",
     "FORMAT_VERSION",
     "MAX_SHARDS",
     "PATH_FIELDS",
     "ROW_KEY",
+    "STATS_EXPORT_FIELDS",
     "SHARD_ID_RE",
     "TOKEN_RE",
     "decode",

@@ -24,6 +24,9 @@ from elastic_sharding.errors import JobStateError
 
 FORMAT_VERSION = 1
 ROW_KEY = "__elastic_row__"
+# What a `--analyze` job keeps of each row: dj-analyze's stats export holds exactly Data-Juicer's
+# statistics and meta fields (`Fields.stats`, `Fields.meta`), in this order.
+STATS_EXPORT_FIELDS = ("__dj__stats__", "__dj__meta__")
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 ATTEMPT_ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]{1,80}-[0-9a-f]{8}$")
 TOKEN_RE = re.compile(r"^[0-9a-f]{32}$")

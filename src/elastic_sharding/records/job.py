@@ -65,6 +65,19 @@ class PackageRecord:
 
 
 @dataclass
+class AnalysisSpec:
+    """What `--analyze` made of the recipe: the job computes `dj-analyze`'s statistics instead of
+    processing. The job's recipe keeps only the operators `dj-analyze` runs (`operators`), and
+    the filters among them only compute their statistics; `skipped` are the others."""
+
+    percentiles: list[float]  # the extra percentiles asked for (`--percentiles`, else the recipe's)
+    save_stats_in_one_file: bool  # the recipe's: also draw `all-stats.png`
+    export_stem: str  # the stats export is `<export_stem>_stats.jsonl`, as dj-analyze names it
+    operators: list[str]  # "process[3] words_num_filter", in recipe order
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Request:
     """What was asked of `prepare`; an identical request on an existing job is a no-op."""
 
@@ -73,6 +86,8 @@ class Request:
     dataset_path: str
     num_shards: int
     settings: Settings
+    analyze: bool = False
+    percentiles: list[float] | None = None  # `--percentiles`; None: the recipe's
 
 
 @dataclass
@@ -106,6 +121,8 @@ class Manifest:
     packages: list[PackageRecord] = field(default_factory=list)
     # "parquet": the inputs are Parquet files and the shards are Parquet files of their row groups.
     input_format: str = "jsonl"
+    # Set for a job prepared with `--analyze`: it computes dj-analyze's analysis of the recipe.
+    analysis: AnalysisSpec | None = None
 
     def shard(self, shard_id: str) -> ShardSpec:
         """The spec of `shard_id`, found by the index its id names (no scan of 20,000 specs)."""

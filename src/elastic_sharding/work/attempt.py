@@ -32,6 +32,7 @@ from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted, JobStateError
 from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids, processed_file
 from elastic_sharding.records import (
+    STATS_EXPORT_FIELDS,
     AttemptRecord,
     CompletionRecord,
     Manifest,
@@ -137,6 +138,7 @@ class AttemptSteps:
             log_path=files["log"],
             ray_output=files["ray_output"],
             env=self._attempt_env(),
+            stats_only=self.job_manifest.analysis is not None,
         )
         heartbeat = HeartbeatThread(
             self.claims,
@@ -187,7 +189,8 @@ class AttemptSteps:
             ctx.set_phase(Phase.COLLECTING_OUTPUT, rows_done=spec.rows, bytes_done=spec.bytes)
             try:
                 codec = self.settings.shard_output_codec
-                stats = collect(ctx.ray_output, processed_file(ctx.attempt_dir, codec), spec.first_row, spec.rows, codec)
+                fields = STATS_EXPORT_FIELDS if ctx.stats_only else None
+                stats = collect(ctx.ray_output, processed_file(ctx.attempt_dir, codec), spec.first_row, spec.rows, codec, fields)
             except OSError as exc:
                 raise AttemptFailed(f"collecting output failed: {exc}") from None
             ctx.set_phase(Phase.PUBLISHING)
@@ -499,7 +502,7 @@ class AttemptSteps:
     def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
         config = self._job_recipe()
         config["process"] = config["process"][self.segment.first_op : self.segment.end_op]
-        if self.segment.index > 0:
+        if self.segment.index > 0 or self.job_manifest.analysis is not None:
             # Within one Ray executor run, the statistics and meta columns operators add reach the
             # export (it drops only those the input already had, unless told to keep them); the
             # ones earlier segments added must travel on the same way.

@@ -27,6 +27,7 @@ import orjson
 
 from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.errors import AttemptFailed, InputError
+from elastic_sharding.hashing_sink import HashingSink
 from elastic_sharding.layout import PROCESSED_NAMES
 from elastic_sharding.prepare.jsonl import parse_object
 from elastic_sharding.records import ROW_KEY
@@ -129,7 +130,9 @@ def strip_row_key(line: bytes, where: str) -> tuple[int, bytes]:
     return index, orjson.dumps(row)
 
 
-def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator[tuple[int, int, int, bytes]]:
+def _read_part(
+    part: Path, rank: int, first_row: int, last_row: int, fields: tuple[str, ...] | None
+) -> Iterator[tuple[int, int, int, bytes]]:
     with confined.open_read(part, buffering=1 << 20) as handle:
         for lineno, line in enumerate(handle, 1):
             line = line.rstrip(b"\r\n")
@@ -139,7 +142,9 @@ def _read_part(part: Path, rank: int, first_row: int, last_row: int) -> Iterator
             index, body = strip_row_key(line, where)
             if not first_row <= index < last_row:
                 raise AttemptFailed(f"{where}: row index {index} is outside this shard ({first_row}..{last_row - 1})")
-            _output_object(body, where)
+            row = _output_object(body, where)
+            if fields is not None:
+                body = orjson.dumps({name: row[name] for name in fields if name in row})
             yield index, rank, lineno, body
 
 
@@ -149,7 +154,7 @@ def _write(processed: Path, codec: str, rows: Iterable[tuple[int, int, int, byte
     size = count = 0
     previous = (-1, -1, -1)
     with fsops.atomic_output(processed) as out:
-        stored = fsops.HashingSink(out)  # type: ignore[arg-type]  # errors name the output
+        stored = HashingSink(out)  # type: ignore[arg-type]  # errors name the output
         with encoder(codec, stored) as lines:
             for index, rank, lineno, body in rows:
                 key = (index, rank, lineno)
@@ -175,9 +180,16 @@ class _OutOfOrder(Exception):
     pass
 
 
-def collect(ray_output: Path, processed: Path, first_row: int, rows: int, codec: str = OutputCodec.NONE) -> OutputStats:
+def collect(
+    ray_output: Path,
+    processed: Path,
+    first_row: int,
+    rows: int,
+    codec: str = OutputCodec.NONE,
+    fields: tuple[str, ...] | None = None,
+) -> OutputStats:
     """Write `processed` (atomically, stored as `codec`) from Ray's part files, validated and in
-    input order.
+    input order; with `fields`, each row keeps only those (an analysis keeps its statistics).
 
     Rows inside one part file come in input order, so a streaming k-way merge of the parts
     suffices and memory stays constant; should a part ever be out of order internally, the
@@ -185,11 +197,11 @@ def collect(ray_output: Path, processed: Path, first_row: int, rows: int, codec:
     """
     parts = part_files(ray_output)
     last_row = first_row + rows
-    streams = [_read_part(part, rank, first_row, last_row) for rank, part in enumerate(parts)]
+    streams = [_read_part(part, rank, first_row, last_row, fields) for rank, part in enumerate(parts)]
     try:
         return _write(processed, codec, heapq.merge(*streams))
     except _OutOfOrder:
-        everything = sorted(row for rank, part in enumerate(parts) for row in _read_part(part, rank, first_row, last_row))
+        everything = sorted(row for rank, part in enumerate(parts) for row in _read_part(part, rank, first_row, last_row, fields))
         return _write(processed, codec, everything)
 
 

@@ -36,6 +36,7 @@ from elastic_sharding.records import Manifest, SegmentSpec
 from elastic_sharding.segments import job_segments, segment_manifest
 from elastic_sharding.settings import Overrides, with_overrides
 from elastic_sharding.signals import on_stop_signals
+from elastic_sharding.work.analysis import AnalysisWork
 from elastic_sharding.work.attempt import AttemptSteps, Staged
 from elastic_sharding.work.lookahead import ClaimAhead
 from elastic_sharding.work.node_check import check_node
@@ -74,7 +75,7 @@ class Worker(AttemptSteps, ClaimAhead):
         self.host = socket.gethostname()
         self.health = NodeHealth(self.job_layout)
         self._enter_segment(self.segments[0], self.job_manifest)
-        self.next_stage: StageWork | None = None
+        self.next_stage: StageWork | AnalysisWork | None = None
         self.runner = runner or get_runner(options.runner, self._node_runtime())
         self.overlaps = callable(getattr(self.runner, "begin", None))
         self.capped = False
@@ -151,6 +152,8 @@ class Worker(AttemptSteps, ClaimAhead):
                 self._enter_segment(segment, manifest)
             following = self.segments[position + 1] if position + 1 < len(self.segments) else None
             self.next_stage = self._dedup_stage(position, following, process) if following and segment.has_ops else None
+            if following is None and self.job_manifest.analysis is not None:
+                self.next_stage = AnalysisWork(self.job_layout, self.manifest, segment, self.settings, self._stopping)
             if segment.has_ops:
                 if self.options.cap_each_segment:
                     self.claimed = 0
@@ -159,7 +162,12 @@ class Worker(AttemptSteps, ClaimAhead):
                 code = self._claim_loop()
                 if code != EXIT_OK or self.capped:
                     return code
+        if isinstance(self.next_stage, AnalysisWork):
+            self.next_stage.run()
         return EXIT_OK
+
+    def _stopping(self) -> bool:
+        return self.stopping is not None
 
     def _await_segment_end(self) -> int:
         """Capped in this segment: wait (hashing finished shards for the next stage) until every
@@ -180,7 +188,7 @@ class Worker(AttemptSteps, ClaimAhead):
 
     def _dedup_stage(self, previous: int, segment: SegmentSpec, process: list[tuple[str, dict]]) -> StageWork:
         """The deduplication stage before `segment`, which reads segment `previous`'s outputs."""
-        if self.next_stage is not None and self.next_stage.index == segment.index:
+        if isinstance(self.next_stage, StageWork) and self.next_stage.index == segment.index:
             return self.next_stage
         return StageWork(
             self.job_layout,
@@ -190,7 +198,7 @@ class Worker(AttemptSteps, ClaimAhead):
             segment,
             process,
             self.settings,
-            lambda: self.stopping is not None,
+            self._stopping,
         )
 
     # -- the claim loop ---------------------------------------------------------------------

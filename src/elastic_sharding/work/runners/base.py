@@ -27,6 +27,7 @@ class AttemptContext:
     setup_secs: float = 0.0  # the runner adds the time it spent starting its node runtime
     operators: list[dict[str, Any]] | None = None  # the warm operators' figures when it ended
     attempt_id: str = ""
+    stats_only: bool = False  # an attempt of a `--analyze` job: its filters compute statistics only
     _reason: str | None = None
 
     def stop(self, reason: str) -> None:

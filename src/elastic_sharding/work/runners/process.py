@@ -20,6 +20,7 @@ from elastic_sharding import confined
 from elastic_sharding.children import child_env, set_parent_death_signal
 from elastic_sharding.errors import AttemptFailed
 from elastic_sharding.vocabulary import Phase
+from elastic_sharding.work.runners import stats_only
 from elastic_sharding.work.runners.base import AttemptContext, NodeRuntime
 from elastic_sharding.work.runners.lifeline import Lifeline
 
@@ -132,7 +133,8 @@ class ProcessRunner:
 
     def run(self, ctx: AttemptContext) -> None:
         command = self._command(ctx.recipe_path)
-        proc, lifeline = start_child(command, ctx.env, log_path=ctx.log_path, cwd=ctx.attempt_dir)
+        env = {**ctx.env, stats_only.ENV: "1"} if ctx.stats_only else ctx.env
+        proc, lifeline = start_child(command, env, log_path=ctx.log_path, cwd=ctx.attempt_dir)
         ctx.set_phase(Phase.PROCESSING)
         try:
             while True:

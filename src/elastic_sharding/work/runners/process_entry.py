@@ -4,9 +4,10 @@ run-time installs switched off in every Ray worker), then hand over to Data-Juic
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from elastic_sharding.work.runners import lifeline, ray_runtime
+from elastic_sharding.work.runners import lifeline, ray_runtime, stats_only
 
 
 def main() -> int:
@@ -16,6 +17,8 @@ def main() -> int:
     parser.add_argument("dj_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     ray_runtime.init_ray(args)
+    if os.environ.get(stats_only.ENV):
+        stats_only.install(default=True)
     sys.argv = ["dj-process", *[a for a in args.dj_args if a != "--"]]
     from data_juicer.tools.process_data import main as dj_main
 

@@ -285,7 +285,14 @@ class WarmRunner:
                 f"# warm runtime pid {server.pid} #{server.number}, shard {server.shards} in it; "
                 f"runtime log {server.log_path}\n".encode()
             )
-        server.send(op="run", attempt=ctx.attempt_id, shard=ctx.shard_id, recipe=str(ctx.recipe_path), log=str(ctx.log_path))
+        server.send(
+            op="run",
+            attempt=ctx.attempt_id,
+            shard=ctx.shard_id,
+            recipe=str(ctx.recipe_path),
+            log=str(ctx.log_path),
+            stats_only=ctx.stats_only,
+        )
         ctx.set_phase(Phase.PROCESSING)
 
     def _send_cancel(self, entry: _InFlight) -> None:

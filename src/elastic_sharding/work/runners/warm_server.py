@@ -146,10 +146,13 @@ class _State:
         return self.warm.stats() if self.warm is not None else []
 
 
-def _run_shard(recipe: str, recipes: Any) -> None:
+def _run_shard(recipe: str, recipes: Any, analyze: bool) -> None:
     from data_juicer.core.executor.ray_executor import RayExecutor
 
-    RayExecutor(recipes.config(recipe)).run()
+    from elastic_sharding.work.runners.stats_only import stats_only
+
+    with stats_only(analyze):
+        RayExecutor(recipes.config(recipe)).run()
 
 
 def _attempt(request: dict[str, Any], state: _State, logs: Any, events: Events) -> None:
@@ -165,7 +168,7 @@ def _attempt(request: dict[str, Any], state: _State, logs: Any, events: Events) 
             state.warm.begin_attempt(attempt)
             if state.warm.is_cancelled(attempt):
                 raise AttemptCancelled(attempt)
-            _run_shard(request["recipe"], state.recipes)
+            _run_shard(request["recipe"], state.recipes, bool(request.get("stats_only")))
         except BaseException as exc:  # noqa: BLE001 - the attempt fails, the worker decides what next
             traceback.print_exc()
             ok, error = False, f"{type(exc).__name__}: {exc}"
@@ -201,6 +204,9 @@ def serve(args: argparse.Namespace) -> int:
         importing.join()
         _load_custom_ops_once()
         _materialize_reads()
+        from elastic_sharding.work.runners import stats_only
+
+        stats_only.install()
         from elastic_sharding.work.runners.attempt_logs import AttemptLogs
         from elastic_sharding.work.runners.recipe_cache import RecipeCache
         from elastic_sharding.work.runners.warm_ops import WarmOperators
