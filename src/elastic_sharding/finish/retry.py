@@ -22,7 +22,7 @@ from pathlib import Path
 
 from elastic_sharding import confined, fsops
 from elastic_sharding.errors import JobStateError, UsageError
-from elastic_sharding.layout import JobLayout, check_shard_id
+from elastic_sharding.layout import AnalysisLayout, JobLayout, StageLayout, check_shard_id
 from elastic_sharding.observe.snapshot import ShardView, job_views
 from elastic_sharding.records import StageFailure, load
 from elastic_sharding.segments import job_segments, segment_manifest, stage_files
@@ -62,7 +62,8 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
     requeued: list[str] = []
     wanted = list(dict.fromkeys(shard_ids or []))
     for segment in job_segments(manifest):
-        if segment.index > 0 and all_failed and _requeue_stage(root, segment.index, retry_id):
+        stage = f"deduplication stage {segment.index}"
+        if segment.index > 0 and all_failed and _requeue_stage(stage_files(root, segment.index), stage, retry_id):
             requeued.append(f"stage {segment.index}")
         view_manifest = segment_manifest(root, manifest, segment.index)
         if view_manifest is None:
@@ -79,6 +80,9 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
             break
     if wanted:
         raise JobStateError(f"{wanted[0]} is already done; retry only requeues unfinished shards")
+    analysis = AnalysisLayout(root.analysis_stage)
+    if all_failed and manifest.analysis is not None and _requeue_stage(analysis, "the analysis", retry_id):
+        requeued.append("analysis")
     if not requeued:
         log.info("nothing failed to retry")
     return requeued
@@ -111,9 +115,8 @@ def _requeue(layout: JobLayout, chosen: list[ShardView], retry_id: str) -> list[
     return requeued
 
 
-def _requeue_stage(layout: JobLayout, stage: int, retry_id: str) -> bool:
+def _requeue_stage(files: StageLayout | AnalysisLayout, stage: str, retry_id: str) -> bool:
     """Archive a failed stage's failure and the failed unit's claim; False if it has not failed."""
-    files = stage_files(layout, stage)
     if not confined.lexists(files.failed):
         return False
     failure = load(StageFailure, files.failed)
@@ -123,5 +126,5 @@ def _requeue_stage(layout: JobLayout, stage: int, retry_id: str) -> bool:
         raise JobStateError(f"history entry {archive} already exists; run retry again")
     fsops.rename_away(files.lock(failure.unit), archive / f"{failure.unit}.lock")
     fsops.rename_away(files.failed, archive / "failed.json")
-    log.info("requeued deduplication stage %d (its unit %s failed: %s)", stage, failure.unit, failure.message)
+    log.info("requeued %s (its unit %s failed: %s)", stage, failure.unit, failure.message)
     return True
