@@ -396,3 +396,22 @@ DEDUP_RECIPES: dict[str, list[dict[str, Any]]] = {
     "simhash": [*DEDUP_CHEAP_OPS, SIMHASH_DEDUP],
     "exact": [EXACT_DEDUP, *DEDUP_CHEAP_OPS],
 }
+
+
+# -- analysis ----------------------------------------------------------------------------------------
+
+# The `analyze` recipe (model-free and download-free, so it runs offline): stats-producing filters
+# over prose with line breaks (the license windows of `write_prose_dataset`, so the line-length
+# statistics vary), `tokenization: false` where an operator could load a tokenizer, and one
+# mapper, which `dj-analyze` skips. The thresholds do not matter: analysis never filters.
+ANALYZE_OPS: list[dict[str, Any]] = [
+    {"whitespace_normalization_mapper": {"text_key": "text"}},
+    {"alphanumeric_filter": {"text_key": "text", "min_ratio": 0.25}},
+    {"average_line_length_filter": {"text_key": "text", "min_len": 10}},
+    {"character_repetition_filter": {"text_key": "text", "rep_len": 10, "max_ratio": 0.5}},
+    {"maximum_line_length_filter": {"text_key": "text", "min_len": 10}},
+    {"special_characters_filter": {"text_key": "text", "max_ratio": 0.25}},
+    {"text_length_filter": {"text_key": "text", "min_len": 100}},
+    {"words_num_filter": {"text_key": "text", "tokenization": False, "min_num": 10}},
+    {"word_repetition_filter": {"text_key": "text", "tokenization": False, "rep_len": 10, "max_ratio": 0.5}},
+]

@@ -83,6 +83,8 @@ class Sizes:
     tail_rows_per_shard: int = 200  # short sleeps, so that a duty cycle slows them evenly
     tail_ms_per_row: float = 10.0
     tail_slowdown: float = 10.0
+    analyze_rows: int = 500_000  # the analyze rows' input (prose); its first half for the finish's second size
+    analyze_shards: int = 16  # shards of every analyze job of ours, at both sizes
 
 
 def _prepare_argv(recipe: Path, dataset: Path, job: Path, shards: int) -> list[str]:

@@ -1,7 +1,7 @@
 """elastic-sharding benchmark: every performance ratio of bench/README.md, each measured side by side
 with its baseline in this one invocation (on a shared, noisy box only ratios mean anything).
 
-Usage: bench/run [--quick] [--rows N] [--io-rows N] [--dedup-rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
+Usage: bench/run [--quick] [--rows N] [--io-rows N] [--dedup-rows N] [--analyze-rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
 The table goes to stdout (then the scaling projection from this run's rates), progress to
 stderr, everything measured to the JSON file.
 """
@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import analyze_measure
 import dedup_measure
 import orjson
 import scale
@@ -66,6 +67,9 @@ DEFAULT = Sizes(
     # ~0.9 KB rows of prose with 10 % planted duplicates (~470 MB); 31,250 rows per shard.
     dedup_rows=500_000,
     dedup_shards=16,
+    # ~1.3 KB rows of prose (~650 MB); its first half for the finish's second size.
+    analyze_rows=500_000,
+    analyze_shards=16,
 )
 QUICK = dataclasses.replace(
     DEFAULT,
@@ -85,6 +89,8 @@ QUICK = dataclasses.replace(
     dedup_shards=4,
     tail_shards=24,
     tail_rows_per_shard=100,
+    analyze_rows=20_000,  # and 10,000 for the finish's second size
+    analyze_shards=4,
 )
 
 # Name -> (the results it yields, how to measure them). Names are what --only accepts.
@@ -110,6 +116,7 @@ NAMES = (
     "shard_cost",
     *dedup_measure.NAMES,
     *tail_measure.NAMES,
+    *analyze_measure.NAMES,
 )
 IO_NAMES = ("prepare", "prepare_original", "prepare_noop", "prepare_procs", "prepare_coop", "merge", "merge_dir")
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -120,6 +127,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "many_shards": ("many_shards_prepare", "many_shards_claims"),
     "dedup": dedup_measure.NAMES,
     "tail": tail_measure.NAMES,
+    "analyze": analyze_measure.NAMES,
 }
 
 
@@ -156,6 +164,8 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, lambda b, s, n=names: dedup_measure.measure_dedup(b, s, n)))
     if want(*tail_measure.NAMES):
         plan.append((tail_measure.NAMES, tail_measure.measure_tail))
+    if names := want(*analyze_measure.NAMES):
+        plan.append((names, lambda b, s, n=names: analyze_measure.measure_analyze(b, s, n)))
     return plan
 
 
@@ -173,6 +183,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help=f"dedup input rows of prose with planted duplicates, ~0.9 KB each (default {DEFAULT.dedup_rows:,}; "
         "quick: --rows); the second size is half of it",
+    )
+    parser.add_argument(
+        "--analyze-rows",
+        type=int,
+        help=f"analyze input rows of prose, ~1.3 KB each (default {DEFAULT.analyze_rows:,}; quick {QUICK.analyze_rows:,}); "
+        "the finish is also measured on half of it",
     )
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "latest.json", help="results file")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join((*NAMES, *GROUPS))}")
@@ -193,10 +209,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     sizes = QUICK if args.quick else DEFAULT
     rows = args.rows or sizes.rows
     args.sizes = dataclasses.replace(
-        sizes, rows=rows, io_rows=args.io_rows or sizes.io_rows or rows, dedup_rows=args.dedup_rows or sizes.dedup_rows or rows
+        sizes,
+        rows=rows,
+        io_rows=args.io_rows or sizes.io_rows or rows,
+        dedup_rows=args.dedup_rows or sizes.dedup_rows or rows,
+        analyze_rows=args.analyze_rows or sizes.analyze_rows,
     )
     if args.sizes.dedup_rows < 2 * args.sizes.dedup_shards:
         parser.error(f"--dedup-rows must be at least {2 * args.sizes.dedup_shards} (two rows per shard at half size)")
+    if args.sizes.analyze_rows < 2 * args.sizes.analyze_shards:
+        parser.error(f"--analyze-rows must be at least {2 * args.sizes.analyze_shards} (a row per shard at half size)")
     return args
 
 
@@ -209,6 +231,8 @@ def _fmt_secs(value: float | None) -> str:
 def _fmt_ratio(r: Result) -> str:
     if r.error:
         return "ERROR"
+    if shown := (r.details.get("shown") or {}).get("ratio"):  # a row judged on a check, not a number (PASS / FAIL)
+        return shown
     if r.ratio is not None and r.unit == "x" and r.value is not None and abs(r.value - r.ratio) > 1e-9:
         return f"{r.ratio:.2f}x (judged: {r.value:.2f}x)"
     if r.ratio is not None:

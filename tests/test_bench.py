@@ -5,10 +5,11 @@ The quick bench asserts nothing about timings or targets: on a shared CI box tho
 and a missed target is a finding to report, not a broken bench. CI runs a bounded subset with
 no Ray runtime: prepare against both its baselines, the no-op prepare, merge to a file and to a
 directory, and claims. The others (`e2e_ray` and `job_dir_bytes` on its job, `overhead`,
-`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`, `prepare_procs`, `prepare_coop`, `dedup`, `tail`)
-each start Ray runtimes, `dj-process` runs or more local jobs; `bench/run --quick` runs them all, and
-`test_job_dir_size` measures a real run's job directory. The dedup rows' own parts (their input,
-the memory sampler, the stage in the projection) are checked here without Data-Juicer.
+`shard_cost`, `e2e_partitioned`, `hetero`, `warm_ops`, `prepare_procs`, `prepare_coop`, `dedup`, `tail`,
+`analyze`) each start Ray runtimes, `dj-process` or `dj-analyze` runs or more local jobs; `bench/run --quick`
+runs them all, and `test_job_dir_size` measures a real run's job directory. The dedup rows' own parts
+(their input, the memory sampler, the stage in the projection) and the analyze rows' (their input and
+recipe, the overall.csv comparison, the PASS/FAIL row) are checked here without Data-Juicer.
 """
 
 from __future__ import annotations
@@ -327,3 +328,87 @@ def test_parquet_bench_input_floor_and_prepare_row(tmp_path: Path) -> None:
     assert result["details"]["floor_read_every_row"] is True
     assert any(line.startswith(result["label"]) for line in proc.stdout.splitlines())
     assert not list((tmp_path / "a").glob("run-*"))  # the run directory is removed; the input stays cached
+
+
+# -- the analyze rows' helpers: their input, recipe and overall.csv comparison ---------------------
+
+
+def test_analyze_input_is_deterministic_prose_with_line_breaks(tmp_path: Path) -> None:
+    from bench_data import PROSE_ROW_CHARS, write_prefix, write_prose_dataset
+
+    path, source = write_prose_dataset(tmp_path / "a.jsonl", 400)
+    again, _ = write_prose_dataset(tmp_path / "b.jsonl", 400)
+    assert path.read_bytes() == again.read_bytes() and source
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert [row["id"] for row in rows] == list(range(400))
+    assert all(0 < len(row["text"]) <= PROSE_ROW_CHARS[1] for row in rows)
+    if not source.startswith("seeded"):  # real prose has lines, so the line-length statistics vary
+        assert sum("\n" in row["text"] for row in rows) > 200
+    half = write_prefix(path, tmp_path / "half.jsonl", 200)
+    assert half.read_bytes().splitlines() == path.read_bytes().splitlines()[:200]
+
+
+def test_analyze_recipe_is_stats_filters_and_a_skipped_mapper() -> None:
+    from bench_data import ANALYZE_OPS
+
+    names = [next(iter(op)) for op in ANALYZE_OPS]
+    assert len(set(names)) == len(names)
+    assert sum(name.endswith("_filter") for name in names) >= 6 and names[0].endswith("_mapper")
+    for op in ANALYZE_OPS:
+        name, args = next(iter(op.items()))
+        if name in ("words_num_filter", "word_repetition_filter"):
+            assert args["tokenization"] is False, name  # True would download a tokenizer model
+    assert not {"perplexity_filter", "language_id_score_filter", "stopwords_filter", "flagged_words_filter"} & set(names)
+
+
+def _overall_csv(path: Path, columns: list[str], rows: dict[str, list[str]]) -> Path:
+    path.write_text("\n".join([",".join(["", *columns]), *(",".join([label, *cells]) for label, cells in rows.items())]) + "\n")
+    return path
+
+
+def test_compare_overall_cell_by_cell(tmp_path: Path) -> None:
+    from analyze_measure import cells_equal, compare_overall
+
+    columns = ["text_len", "lang"]
+    rows = {"count": ["2000.0", "2000"], "mean": ["1194.26", ""], "top": ["", "en"], "std": ["0.1", "nan"]}
+    theirs = _overall_csv(tmp_path / "theirs.csv", columns, rows)
+    same = compare_overall(_overall_csv(tmp_path / "same.csv", columns, rows), theirs)
+    assert same["equal"] and same["cells"] == same["compared"] == 8 and same["mismatches"] == []
+    close = {**rows, "mean": ["1194.2600000001", ""], "std": ["0.1000000000001", "nan"]}  # within 1e-9 relative
+    result = compare_overall(_overall_csv(tmp_path / "close.csv", columns, close), theirs)
+    assert result["equal"] and 0 < result["max_rel_diff"] < 1e-9
+    far = {**rows, "mean": ["1194.2601", ""]}
+    result = compare_overall(_overall_csv(tmp_path / "far.csv", columns, far), theirs)
+    assert not result["equal"] and result["mismatch_count"] == 1 and "mean/text_len" in result["mismatches"][0]
+    text = {**rows, "top": ["", "EN"]}  # strings exactly
+    assert not compare_overall(_overall_csv(tmp_path / "text.csv", columns, text), theirs)["equal"]
+    swapped = {label: cells[::-1] for label, cells in rows.items()}  # the same cells, columns in another order
+    result = compare_overall(_overall_csv(tmp_path / "swapped.csv", columns[::-1], swapped), theirs)
+    assert not result["equal"] and result["mismatches"][0].startswith("columns:") and result["mismatch_count"] == 1
+    fewer = {label: cells for label, cells in rows.items() if label != "top"}
+    result = compare_overall(_overall_csv(tmp_path / "fewer.csv", columns, fewer), theirs)
+    assert not result["equal"] and result["mismatches"][0].startswith("row labels:")
+    assert cells_equal("0", "0.0") and cells_equal("nan", "NaN") and not cells_equal("", "0") and not cells_equal("1e-8", "0")
+    assert not compare_overall(_overall_csv(tmp_path / "empty.csv", [], {}), _overall_csv(tmp_path / "e2.csv", [], {}))["equal"]
+
+
+def test_analyze_rows_are_selected_and_printed_pass_or_fail() -> None:
+    import elastic_bench
+    from bench_lib import Result
+
+    args = elastic_bench._parse(["--quick", "--only", "analyze"])
+    assert args.wanted == elastic_bench.GROUPS["analyze"] and args.sizes.analyze_rows == 20_000
+    assert [names for names, _ in elastic_bench._plan(args.wanted)] == [args.wanted]
+    assert elastic_bench._parse(["--only", "analyze_exact", "--analyze-rows", "1000"]).sizes.analyze_rows == 1000
+    row = Result("analyze_exact", "overall.csv", None, None, None, 0.0, "cells", "all cells equal", True,
+                 {"shown": {"ours": "8 stats x 8 rows", "baseline": "64 cells", "ratio": "PASS"}})  # fmt: skip
+    machine = {"cores": 2, "ram_gib": 1.0, "cpu_model": "cpu", "date": "d", "load_avg_at_start": [0], "load_avg_at_end": [0],
+               "git_commit": "c"}  # fmt: skip
+    line = elastic_bench.table([row], machine, "warm").splitlines()[2]
+    cells = [cell.strip() for cell in line.split("|")]
+    assert cells == ["overall.csv", "8 stats x 8 rows", "64 cells", "PASS", "all cells equal", "met"]
+
+
+def test_dj_analyze_script_refuses_a_wrong_command_line() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "dj_analyze.py")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "usage: dj_analyze.py RECIPE" in proc.stderr
