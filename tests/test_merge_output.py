@@ -18,6 +18,7 @@ from support.jobs import cli, refused, snapshot
 from support.launchers import launcher_args
 from support.outputs import hidden_leftovers, keep, output_path, records, rewrite_output
 
+import elastic_sharding.finish.directory_output as directory_mod
 import elastic_sharding.finish.merge as merge_mod
 from elastic_sharding import destination
 from elastic_sharding.destination import INDEX_NAME
@@ -186,14 +187,14 @@ def test_a_full_disk_in_the_read_write_loop_names_the_merged_file(job, tmp_path,
 
 
 def test_a_failure_mid_publish_leaves_no_directory(job, tmp_path, monkeypatch):
-    real = merge_mod.link_or_copy
+    real = directory_mod.link_or_copy
 
     def fails_on_the_last_shard(source, identity, target, block, stop=None):
         if "part-00003" in target.name:
             raise parallel_copy.DestinationError(OSError(errno.EIO, os.strerror(errno.EIO)))
         return real(source, identity, target, block, stop)
 
-    monkeypatch.setattr(merge_mod, "link_or_copy", fails_on_the_last_shard)
+    monkeypatch.setattr(directory_mod, "link_or_copy", fails_on_the_last_shard)
     out = tmp_path / "new" / "out"
     with pytest.raises(OSError, match="Input/output error") as caught:
         merge(job, f"{out}/", quiet=True)

@@ -9,7 +9,8 @@ records (one thread per shard, bounded by the CPUs; each range's writeback start
 is copied), fsynced, and then renamed (or, without
 `--overwrite`, linked create-once) onto the output path. A directory is built in a hidden staging
 directory beside the output (each shard output hard-linked, or copied where it cannot be), its
-index written last, and renamed into place. Either way no reader ever sees a partial merge.
+index written last, and renamed into place (`directory_output.py`). Either way no reader ever
+sees a partial merge.
 
 Every shard output is first proven to be its completion record's (`validate.py`; a conversion
 proves each on the very read it converts, `shard_reader.py`). The sha256 of a merged JSONL file
@@ -20,7 +21,6 @@ fsync.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -29,20 +29,16 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from elastic_sharding import confined, crashpoints, fsops
+from elastic_sharding import confined, fsops
 from elastic_sharding.destination import (
-    INDEX_FORMAT,
-    INDEX_NAME,
     check_target,
-    make_staging_dir,
     output_form,
     prepare_destination,
-    publish_directory,
     refuse_existing_directory,
-    remove_tree,
 )
 from elastic_sharding.errors import IntegrityError, UsageError, next_step
 from elastic_sharding.finish import converted
+from elastic_sharding.finish.directory_output import publish_directory_output, reached_merging
 from elastic_sharding.finish.parallel_copy import (
     COPY_CHUNK,
     Content,
@@ -52,9 +48,7 @@ from elastic_sharding.finish.parallel_copy import (
     Stopped,
     check_same,
     copy_range,
-    hash_file,
     hash_range,
-    link_or_copy,
     open_source,
     run_all,
     start_writeback,
@@ -63,32 +57,23 @@ from elastic_sharding.finish.parallel_copy import (
 )
 from elastic_sharding.finish.shard_reader import blocks
 from elastic_sharding.finish.validate import (
-    EMPTY_SHA256,
     SHARD_CHANGED,
     LockedProgress,
     Source,
     Trusted,
-    check_digest,
     completed_outputs,
     explain_mismatch,
-    guarded,
     recorded_content,
     source_error,
     sources_of,
 )
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.output_formats import JSONL, JSONL_ZST, PARQUET, choose_format, part_name
+from elastic_sharding.output_formats import JSONL, choose_format
 from elastic_sharding.prepare.jsonl import BLOCK_SIZE
 from elastic_sharding.progress import Progress
-from elastic_sharding.records import IndexEntry, MergeShard, OutputIndex, PublishRecord, encode
-from elastic_sharding.vocabulary import OutputCodec
+from elastic_sharding.records import MergeShard, PublishRecord, encode
 
 log = logging.getLogger(__name__)
-
-PARQUET_PART_THREADS = 4  # converting rows holds the GIL: more threads would only hold more row groups in memory
-# The directory-output formats whose part is a shard output stored one way, byte for byte
-# (`work/output_codec.py`, `zstd_output`): such a part is a hard link to it.
-LINKED_PARTS = {JSONL: OutputCodec.NONE, JSONL_ZST: OutputCodec.ZSTD}
 
 
 def merge(
@@ -146,7 +131,7 @@ def publish(
             index = None
             if directory:
                 job_id = layout.load_manifest().job_id
-                sha256, size, index, trusted = _publish_directory(sources, output, overwrite, quiet, job_id, pool, fmt)
+                sha256, size, index, trusted = publish_directory_output(sources, output, overwrite, quiet, job_id, pool, fmt)
             elif fmt == JSONL and all(s.record.is_plain for s in sources):
                 sha256, size = _write_merged(sources, output, overwrite, quiet), sum(s.identity.size for s in sources)
             elif fmt == JSONL:
@@ -172,14 +157,6 @@ def publish(
     fsops.replace_atomic(layout.merge_record, encode(result))
     log.info("merged %d rows (%d bytes of %s) into %s", rows, size, fmt, f"{output}/" if directory else output)
     return result, trusted
-
-
-_crash_lock = threading.Lock()
-
-
-def _reached_merging() -> None:
-    with _crash_lock:
-        crashpoints.reached("merging")
 
 
 def _write_merged(sources: list[Source], output: Path, overwrite: bool, quiet: bool) -> str:
@@ -247,7 +224,7 @@ def _write_decoded(sources: list[Source], output: Path, overwrite: bool, quiet: 
                 position += len(view)
                 progress.update(len(view))
             start_writeback(fd, source.offset, source.record.output_bytes)
-            _reached_merging()
+            reached_merging()
             progress.update(0, source.record.output_rows)
 
         try:
@@ -289,7 +266,7 @@ def _start_copies(
                 check_same(handle, source.path, source.identity)
             finally:
                 os.close(handle)
-        _reached_merging()
+        reached_merging()
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
@@ -343,124 +320,3 @@ def _raise_first_failure(
         raise IntegrityError(
             "merge stopped before every shard was read; run merge again and report this as a bug"
         )  # a bug: nothing failed
-
-
-def _publish_directory(
-    sources: list[Source], output: Path, overwrite: bool, quiet: bool, job_id: str, pool: ThreadPoolExecutor, fmt: str = JSONL
-) -> tuple[str, int, Path, Trusted]:
-    """Put every validated shard output (linked or copied; or converted to `fmt`) into a staging
-    directory beside `output`, write the index last, and rename the directory into place;
-    returns the index's sha256, the parts' bytes, the index's path and the linked files."""
-    stage = make_staging_dir(output)
-    try:
-        if fmt in LINKED_PARTS:
-            placed = _link_parts(sources, output, stage, quiet, pool, fmt)
-        else:
-            placed = _convert_parts(sources, output, stage, quiet, fmt)
-        entries = [entry for entry, _ in placed]
-        index = OutputIndex(
-            format=INDEX_FORMAT,
-            format_version=1,
-            job_id=job_id,
-            rows=sum(e.rows for e in entries),
-            bytes=sum(e.bytes for e in entries),
-            files=sum(1 for e in entries if e.name is not None),
-            entries=entries,
-            published_at=time.time(),
-            host=socket.gethostname(),
-            output_format=fmt,
-        )
-        data = encode(index)
-        fsops.replace_atomic(stage / INDEX_NAME, data)
-        links = sum(1 for _, was_linked in placed if was_linked)
-        if not publish_directory(stage, output, overwrite):
-            raise UsageError(f"{output} appeared while merging; pass --overwrite to replace it")
-    except BaseException:
-        remove_tree(stage)
-        raise
-    if fmt in LINKED_PARTS:
-        log.info("%d of %d file(s) hard-linked to their shard output, %d written", links, index.files, index.files - links)
-    trusted = {
-        (s.identity.dev, s.identity.ino): (s.identity.size, s.identity.mtime_ns, s.record.file_sha256)
-        for s, (_, was_linked) in zip(sources, placed)
-        if was_linked
-    }
-    return hashlib.sha256(data).hexdigest(), index.bytes, output / INDEX_NAME, trusted
-
-
-def _prove_empty(source: Source, stop: threading.Event) -> None:
-    """A shard output without rows is what its record says (stored compressed: its frame is read)."""
-    if source.record.is_plain:
-        check_digest(source, Content(EMPTY_SHA256, 0))
-    else:
-        for _ in blocks(source, stop):
-            pass
-
-
-def _entry(source: Source, name: str | None, size: int, sha256: str) -> IndexEntry:
-    record = source.record
-    return IndexEntry(name, record.shard_id, record.attempt_id, record.output_rows, size, sha256)
-
-
-def _link_parts(
-    sources: list[Source], output: Path, stage: Path, quiet: bool, pool: ThreadPoolExecutor, fmt: str
-) -> list[tuple[IndexEntry, bool]]:
-    """Every shard output stored as `fmt`'s part hard-linked (or copied) into `stage` once its
-    bytes are proven; one stored otherwise is converted into its part (the same bytes)."""
-    block = BLOCK_SIZE
-    stop = threading.Event()
-    with LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress:
-
-        def place(source: Source) -> tuple[IndexEntry, bool]:
-            record = source.record
-            name = part_name(record.shard_id, fmt) if record.output_bytes else None
-            if name is None:
-                _prove_empty(source, stop)  # no rows: no file (an empty one trips up some readers)
-                progress.update(source.identity.size)
-                return _entry(source, None, 0, EMPTY_SHA256), False
-            if record.output_codec != LINKED_PARTS[fmt]:
-                sha256, size = converted.write_part(fmt, source, stage / name, output / name, None, stop)
-                _reached_merging()
-                progress.update(source.identity.size, record.output_rows)
-                return _entry(source, name, size, sha256), False
-            if record.is_plain:
-                check_digest(source, guarded(source, lambda: hash_file(source.path, source.identity, block, stop)))
-            else:
-                for _ in blocks(source, stop):  # the stored file and its lines, against the record
-                    pass
-            try:
-                linked = guarded(source, lambda: link_or_copy(source.path, source.identity, stage / name, block, stop))
-            except DestinationError as exc:
-                with fsops.reported_as(output / name, "copying the shard output into it"):
-                    raise exc.cause from None
-            _reached_merging()
-            progress.update(source.identity.size, record.output_rows)
-            return _entry(source, name, record.file_bytes, record.file_sha256), linked
-
-        return run_all(pool, place, sources, stop)
-
-
-def _convert_parts(sources: list[Source], output: Path, stage: Path, quiet: bool, fmt: str) -> list[tuple[IndexEntry, bool]]:
-    """Every shard output converted to a `fmt` part in `stage`, proven on the read it is converted
-    from; Parquet parts all get the schema of the whole output, so they read back as one table."""
-    stop = threading.Event()
-    schema = converted.schema_of(fmt, sources, quiet, stop)
-    threads = thread_count(len(sources))
-    if fmt == PARQUET:
-        threads = min(threads, PARQUET_PART_THREADS)
-    with (
-        LockedProgress("merge", sum(s.identity.size for s in sources), quiet) as progress,
-        ThreadPoolExecutor(threads, thread_name_prefix="elastic-convert") as pool,
-    ):
-
-        def place(source: Source) -> tuple[IndexEntry, bool]:
-            name = part_name(source.record.shard_id, fmt) if source.record.output_bytes else None
-            if name is None:
-                _prove_empty(source, stop)  # no rows: no file, as for JSONL
-                return _entry(source, None, 0, EMPTY_SHA256), False
-            sha256, size = converted.write_part(fmt, source, stage / name, output / name, schema, stop)
-            _reached_merging()
-            progress.update(source.identity.size, source.record.output_rows)
-            return _entry(source, name, size, sha256), False
-
-        return run_all(pool, place, sources, stop)

@@ -3,12 +3,9 @@ attempt's recipe), run it, collect and validate its output, publish its completi
 why it failed and hand the claim back or fail the shard.
 
 The worker's loop (`worker.py`) decides which claims to run; this is what running one means.
-Ray's raw export is removed as soon as it is collected, before the completion is published (and
-when an attempt fails): a job directory holds each shard's output once, in `processed.jsonl`.
-An attempt killed between collecting and that removal leaves its raw export behind (and one
-killed later, or fenced, its unused `processed.jsonl`); once the shard's completion is published,
-when no other attempt's output can matter any more, the worker that published it removes every
-such leftover of the shard's other attempts.
+A job directory holds each shard's output once, in `processed.jsonl`: what attempts leave
+behind is removed (`leftovers.py`); each attempt runs its own copy of the job's recipe
+(`attempt_recipe.py`).
 """
 
 from __future__ import annotations
@@ -19,9 +16,6 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from elastic_sharding import confined, crashpoints, fsops
 from elastic_sharding.claims.backups import BackupPolicy
@@ -30,7 +24,7 @@ from elastic_sharding.claims.history import count_failures, read_attempt
 from elastic_sharding.claims.protocol import Claim, Claims
 from elastic_sharding.claims.takeover import ShardScanner
 from elastic_sharding.errors import AttemptFailed, AttemptInterrupted, JobStateError
-from elastic_sharding.layout import JobLayout, attempt_files, attempt_ids, processed_file
+from elastic_sharding.layout import JobLayout, attempt_files, processed_file
 from elastic_sharding.records import (
     STATS_EXPORT_FIELDS,
     AttemptRecord,
@@ -39,12 +33,13 @@ from elastic_sharding.records import (
     SegmentSpec,
     ShardSpec,
     encode,
-    load,
     operator_stats,
 )
 from elastic_sharding.settings import Settings
 from elastic_sharding.vocabulary import AttemptStatus, ClaimStatus, Phase
-from elastic_sharding.work.collect import collect, remove_raw_output, remove_unused_output
+from elastic_sharding.work.attempt_recipe import AttemptRecipes
+from elastic_sharding.work.collect import collect, remove_unused_output
+from elastic_sharding.work.leftovers import AttemptLeftovers
 from elastic_sharding.work.lookahead import Lookahead
 from elastic_sharding.work.node_health import NodeHealth, avoid_secs, is_node_local
 from elastic_sharding.work.runners import AttemptContext, Runner
@@ -72,11 +67,12 @@ class Staged:
     heartbeat: HeartbeatThread
 
 
-class AttemptSteps:
+class AttemptSteps(AttemptRecipes, AttemptLeftovers):
     """The attempt state machine, as a part of `Worker` (which sets every attribute below)."""
 
     layout: JobLayout
     manifest: Manifest
+    job_manifest: Manifest
     segment: SegmentSpec
     settings: Settings
     host: str
@@ -435,84 +431,3 @@ class AttemptSteps:
                 record.output_rows or 0,
                 winner.attempt_id,
             )
-
-    # -- raw exports --------------------------------------------------------------------------
-
-    def _remove_raw(self, ray_output: Path, again_at_exit: bool = False) -> None:
-        """Remove one of this worker's raw exports (it has been collected, or will never be)."""
-        if not remove_raw_output(ray_output) or again_at_exit:
-            self._raw_leftovers.add(ray_output)
-
-    def _sweep_leftovers(self, shard_id: str, published: str | None = None) -> None:
-        """Remove the raw exports the attempts of a completed shard left behind, and the collected
-        output of every attempt but the one its completion record names (`published`; read from
-        the record when not given: unreadable, only raw exports are removed).
-
-        Only once the completion is published: before, an attempt not yet superseded (or one newer
-        than the sweeper's) may still be collecting, and a part removed before it lists them
-        would be silently missing from an output it may still publish."""
-        if published is None:
-            try:
-                published = load(CompletionRecord, self.layout.done(shard_id)).attempt_id
-            except (JobStateError, OSError) as exc:
-                log.warning("%s: %s; only raw outputs are removed from its attempts", shard_id, exc)
-        try:
-            root = self.layout.attempts_dir(shard_id)
-            names = attempt_ids(root)
-        except OSError as exc:
-            log.warning("cannot look for what the attempts of %s left behind: %s", shard_id, exc)
-            return
-        for name in names:
-            files = attempt_files(root / name)
-            if confined.lexists(files["ray_output"]):
-                log.info("removing the raw output %s, left behind by an attempt", files["ray_output"])
-                self._remove_raw(files["ray_output"])
-            if published is not None and name != published:
-                remove_unused_output(root / name)
-
-    def _remove_raw_leftovers(self) -> None:
-        leftovers, self._raw_leftovers = self._raw_leftovers, set()
-        for raw in sorted(leftovers):
-            if not remove_raw_output(raw):
-                log.warning("the raw output %s is left behind; nothing reads it, it can be removed", raw)
-
-    def _attempt_env(self) -> dict[str, str]:
-        env = {"PYTHONUNBUFFERED": "1"}
-        cache = str(self.layout.cache_dir)
-        for key in ("XDG_CACHE_HOME", "HF_HOME"):
-            if not os.environ.get(key):
-                env[key] = cache
-        return env
-
-    def _job_recipe(self) -> dict[str, Any]:
-        try:
-            raw = confined.read_bytes_nofollow(self.layout.recipe)
-            config: dict[str, Any] = yaml.safe_load(raw)
-        except (OSError, yaml.YAMLError) as exc:
-            raise JobStateError(
-                f"cannot read the job's recipe {self.layout.recipe}: {exc}; restore the recipe that was prepared"
-            ) from None
-        if hashlib.sha256(raw).hexdigest() != self.manifest.recipe_sha256:
-            raise JobStateError(
-                f"{self.layout.recipe} was modified after prepare (sha256 differs from the manifest); "
-                "restore the recipe that was prepared, or prepare a new --job-dir with the changed one"
-            )
-        return config
-
-    def _write_attempt_recipe(self, ctx: AttemptContext, shard_path: Path) -> None:
-        config = self._job_recipe()
-        config["process"] = config["process"][self.segment.first_op : self.segment.end_op]
-        if self.segment.index > 0 or self.job_manifest.analysis is not None:
-            # Within one Ray executor run, the statistics and meta columns operators add reach the
-            # export (it drops only those the input already had, unless told to keep them); the
-            # ones earlier segments added must travel on the same way.
-            config["keep_stats_in_res_ds"] = True
-        config["dataset_path"] = str(shard_path)
-        config["export_path"] = str(ctx.ray_output)
-        config["work_dir"] = str(ctx.attempt_dir)
-        config["executor_type"] = "ray"
-        config["ray_address"] = self.settings.ray_address
-        config.setdefault("skip_op_error", False)
-        config.pop("export_type", None)
-        config["export_shard_size"] = 0
-        fsops.replace_atomic(ctx.recipe_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode())
