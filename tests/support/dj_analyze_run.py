@@ -2,34 +2,19 @@
 Analyzer, in a child process, exactly as a user runs it (with the recipe's `process` untouched:
 the Analyzer itself picks the operators it runs).
 
-As in `dj_default_run.py`, the child forbids run-time installs (a recipe whose operators need a
-missing package fails loudly) and stands a CPU-only `torch` in for the lazy one Data-Juicer's
-model utilities touch. `dj-analyze` 1.6.1 writes into `<work_dir>/<timestamp>/analysis/`.
+The child is `dj_default_run.py`'s: run-time installs forbidden (a recipe whose operators need a
+missing package fails loudly), a CPU-only `torch` in place of the lazy one Data-Juicer's model
+utilities touch. `dj-analyze` 1.6.1 writes into `<work_dir>/<timestamp>/analysis/`.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-CHILD = """
-import sys
-import types
-from elastic_sharding.dependencies.guard import forbid_runtime_installs
-
-forbid_runtime_installs()
-from data_juicer.utils import model_utils, resource_utils
-
-cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0, empty_cache=lambda: None)
-model_utils.torch = resource_utils.torch = types.SimpleNamespace(cuda=cuda)
-from data_juicer.tools.analyze_data import main
-sys.argv = ["dj-analyze", "--config", sys.argv[1]]
-sys.exit(main())
-"""
+from support.dj_default_run import run_dj_child
 
 
 def dj_analyze(
@@ -56,14 +41,8 @@ def dj_analyze(
     config.pop("ray_address", None)
     run_recipe = workdir / "reference-recipe.yaml"
     run_recipe.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
-    env = {key: value for key, value in os.environ.items() if key != "RAY_JOB"}
     log = workdir / "dj-analyze.log"
-    with open(log, "wb") as out:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, str(run_recipe)], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
-        )
-    if proc.returncode != 0:
-        raise RuntimeError(f"dj-analyze failed ({proc.returncode}); log {log}:\n{log.read_text(errors='replace')[-3000:]}")
+    run_dj_child("analyze_data", "dj-analyze", run_recipe, log, timeout)
     found = sorted((workdir / "work").glob("*/analysis"))  # Data-Juicer 1.6.1 adds a <timestamp>/ level
     if len(found) != 1:
         raise RuntimeError(f"dj-analyze wrote {len(found)} analysis directories under {workdir / 'work'}; log {log}")

@@ -38,10 +38,25 @@ from data_juicer.utils import model_utils, resource_utils
 
 cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0, empty_cache=lambda: None)
 model_utils.torch = resource_utils.torch = types.SimpleNamespace(cuda=cuda)
-from data_juicer.tools.process_data import main
-sys.argv = ["dj-process", "--config", sys.argv[1]]
+from data_juicer.tools.{tool} import main
+sys.argv = ["{prog}", "--config", sys.argv[1]]
 sys.exit(main())
 """
+
+
+def run_dj_child(tool: str, prog: str, recipe: Path, log: Path, timeout: float) -> None:
+    """Run Data-Juicer's `tool` entry point (`process_data`, `analyze_data`) on `recipe` in a child
+    arranged as this module's docstring says; its output goes to `log`, a failure raises."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_JOB"}
+    script = CHILD.format(tool=tool, prog=prog)
+    with open(log, "wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(recipe)], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"the reference {prog} run failed ({proc.returncode}); log {log}:\n{log.read_text(errors='replace')[-3000:]}"
+        )
 
 
 def dj_default_rows(recipe: Path, dataset: Path, workdir: Path, np: int | None = None, timeout: float = 900) -> list[dict]:
@@ -61,13 +76,5 @@ def dj_default_rows(recipe: Path, dataset: Path, workdir: Path, np: int | None =
     config.pop("ray_address", None)
     run_recipe = workdir / "reference-recipe.yaml"
     run_recipe.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
-    env = {key: value for key, value in os.environ.items() if key != "RAY_JOB"}
-    log = workdir / "reference.log"
-    with open(log, "wb") as out:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, str(run_recipe)], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
-        )
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the reference dj-process run failed ({proc.returncode}); log {log}:\n{tail}")
+    run_dj_child("process_data", "dj-process", run_recipe, workdir / "reference.log", timeout)
     return [orjson.loads(line) for line in export.read_bytes().splitlines() if line.strip()]

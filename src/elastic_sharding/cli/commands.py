@@ -178,31 +178,15 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from elastic_sharding.finish.merge import merge
     from elastic_sharding.layout import JobLayout
 
+    options = dict(quiet=args.quiet or args.json, output_format=args.output_format)
     if is_analysis(JobLayout(Path(os.path.abspath(args.job_dir)))):
-        analysis, record, _ = publish_analysis(
-            args.job_dir,
-            args.output,
-            args.overwrite,
-            args.lock_timeout_secs,
-            quiet=args.quiet or args.json,
-            output_format=args.output_format,
-        )
-        if args.json:
-            fields = {
-                key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(analysis).items()
-            }
-            _emit_json({**fields, "merge": dataclasses.asdict(record)})
-        return EXIT_OK
-    record = merge(
-        args.job_dir,
-        args.output,
-        args.overwrite,
-        args.lock_timeout_secs,
-        quiet=args.quiet or args.json,
-        output_format=args.output_format,
-    )
+        analysis, record, _ = publish_analysis(args.job_dir, args.output, args.overwrite, args.lock_timeout_secs, **options)
+        fields = {key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(analysis).items()}
+        shown = {**fields, "merge": dataclasses.asdict(record)}
+    else:
+        shown = dataclasses.asdict(merge(args.job_dir, args.output, args.overwrite, args.lock_timeout_secs, **options))
     if args.json:
-        _emit_json(dataclasses.asdict(record))
+        _emit_json(shown)
     return EXIT_OK
 
 
