@@ -27,6 +27,7 @@ from elastic_sharding.dependencies.operators import operator_needs
 from elastic_sharding.errors import MissingPackagesError, VersionMismatchError
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe.status import Status
+from elastic_sharding.observe.status_text import status_text
 from elastic_sharding.records import Manifest, PackageRecord, encode, load
 
 OPENCC_PIN = "opencc==1.1.9"
@@ -199,7 +200,7 @@ def test_a_worker_missing_a_package_refuses_to_claim_and_status_shows_its_node(m
     (node,) = status.as_json()["refused_nodes"]
     assert (node["host"], node["reason"]) == (socket.gethostname(), "missing packages")
     assert "opencc" in node["message"]
-    assert f"refused node: {socket.gethostname()}" in status.text(show_all=False)
+    assert f"refused node: {socket.gethostname()}" in status_text(status, show_all=False)
     # A package needed only on an undecided branch is a warning, not a refusal.
     _record_packages(job, PackageRecord("opencc", "opencc", "opencc", "1.1.9", ["process[1] x"], False, OPENCC_PIN))
     assert run(job) == 0

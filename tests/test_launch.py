@@ -21,6 +21,7 @@ from elastic_sharding.launch.dlc import strict_claim_cap
 from elastic_sharding.launch.scheduler import detect, resolve_run_id
 from elastic_sharding.launch.two_node import with_two_node_defaults
 from elastic_sharding.observe.status import Status
+from elastic_sharding.observe.status_text import status_text
 from elastic_sharding.records import Outcome, PhaseLock, decode, encode
 
 # -- strict participation mode -------------------------------------------------------------------
@@ -203,7 +204,7 @@ def test_a_failed_shard_ends_every_instance_with_one_code_and_a_new_run_id_recov
         assert "run run-1 failed during work" in log.read_text(), log.read_text()[-2000:]
     (run,) = Status(job).as_json()["launcher_runs"]
     assert run["finalize"]["state"] == "not started" and run["abort"]["phase"] == "work"
-    assert "dlc run run-1: prepare ok" in Status(job).text(False) and "FAILED in work" in Status(job).text(False)
+    assert "dlc run run-1: prepare ok" in status_text(Status(job), False) and "FAILED in work" in status_text(Status(job), False)
     # The same run id stays failed; a new submission after "fixing" the cause requeues and passes.
     assert run_instances(tmp_path, 1, *args("run-1"), tag="same-") == [2]
     assert run_instances(tmp_path, 2, *args("run-2"), tag="new-") == [0, 0]

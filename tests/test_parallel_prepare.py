@@ -24,9 +24,10 @@ from support.jobs import cli, fast_settings
 
 from elastic_sharding.errors import InputError
 from elastic_sharding.layout import JobLayout
-from elastic_sharding.prepare.cooperate import JOIN_ENV, PrepareDir
+from elastic_sharding.prepare.cooperate import JOIN_ENV
 from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.prepare.plan import UNIT_BYTES_ENV
+from elastic_sharding.prepare.prepare_dir import PrepareDir
 
 RECIPE = "dataset_path: {dataset}\nprocess:\n  - whitespace_normalization_mapper:\n"
 INDEXED = (

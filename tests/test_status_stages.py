@@ -30,8 +30,9 @@ from elastic_sharding.layout import JobLayout, StageLayout
 from elastic_sharding.observe import stages as stage_reader
 from elastic_sharding.observe.html_report import render_report, write_report
 from elastic_sharding.observe.status import Status
+from elastic_sharding.observe.status_text import status_text
 from elastic_sharding.prepare.job import PrepareRequest, prepare
-from elastic_sharding.records import StageFailure, DedupStageDone, DedupUnitDone, Heartbeat, KeptShard, UnitClaim, encode
+from elastic_sharding.records import DedupStageDone, DedupUnitDone, Heartbeat, KeptShard, StageFailure, UnitClaim, encode
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 HEAD = """\
@@ -326,7 +327,7 @@ def test_a_stage_that_kept_every_shard_makes_the_next_segment_current(dedup_firs
     (stage,) = report["stages"]
     assert (stage["state"], stage["phase"], stage["eta_secs"]) == ("done", None, 0)
     assert stage["finished_at"] == pytest.approx(now - 4.5)
-    assert "segment 1 of 0-1 (text_length_filter): the shards above are this segment's" in status.text(False)
+    assert "segment 1 of 0-1 (text_length_filter): the shards above are this segment's" in status_text(status, False)
 
 
 def test_a_waiting_stage_hashes_ahead_and_a_last_segment_without_operators_completes_the_job(tmp_path):
@@ -341,7 +342,7 @@ def test_a_waiting_stage_hashes_ahead_and_a_last_segment_without_operators_compl
     (stage,) = report["stages"]
     assert (stage["state"], stage["phase"], stage["eta_secs"]) == ("waiting", "keys", None)
     assert stage["units"]["keys"] == {"done": 1, "held": 0, "total": 4}
-    assert "stage 1 document_deduplicator: waiting for segment 0; hashed ahead: keys 1/4" in status.text(False)
+    assert "stage 1 document_deduplicator: waiting for segment 0; hashed ahead: keys 1/4" in status_text(status, False)
 
     # Nothing was run, but a stage that kept every shard ends a recipe whose last segment is empty.
     for i in (0, 2, 3):
@@ -357,7 +358,7 @@ def test_a_waiting_stage_hashes_ahead_and_a_last_segment_without_operators_compl
 def test_a_recipe_without_deduplicators_has_one_segment_and_no_stages(done_job):
     report = _json(Status(done_job))
     assert (report["segment"], report["segments_total"], report["stages"], report["complete"]) == (0, 1, [], True)
-    text = Status(done_job).text(False)
+    text = status_text(Status(done_job), False)
     assert "stage " not in text and "segment" not in text
 
 

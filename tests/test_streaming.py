@@ -15,7 +15,7 @@ from support.fakes import FakeRunner
 from support.jobs import fast_settings, write_jsonl
 
 import elastic_sharding.finish.merge as merge_mod
-import elastic_sharding.prepare.units as units_mod
+import elastic_sharding.prepare.cut as cut_mod
 from elastic_sharding import progress
 from elastic_sharding.errors import InputError, IntegrityError
 from elastic_sharding.finish.merge import merge
@@ -72,10 +72,10 @@ def prepare_golden(tmp_path: Path, shards: int, name: str = "job", **settings) -
     return job
 
 
-@pytest.mark.parametrize("max_marks", [units_mod.MAX_MARKS, 2, 5])
+@pytest.mark.parametrize("max_marks", [cut_mod.MAX_MARKS, 2, 5])
 @pytest.mark.parametrize("shards", sorted(GOLDEN))
 def test_prepare_output_is_byte_identical_to_the_reference(tmp_path, monkeypatch, shards, max_marks):
-    monkeypatch.setattr(units_mod, "MAX_MARKS", max_marks)
+    monkeypatch.setattr(cut_mod, "MAX_MARKS", max_marks)
     monkeypatch.setattr(ShardWriter, "FLUSH_BYTES", 1000)
     manifest = JobLayout(prepare_golden(tmp_path, shards)).load_manifest()
     assert manifest.normalized_sha256.startswith("51dedc0ca89c2bee") and manifest.total_bytes == 65037

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import socket
@@ -421,35 +420,6 @@ class AtomicOutput:
             self.file.close()
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
-
-
-class HashingSink:
-    """A binary file object that hashes and counts what is written on to `file` (pyarrow and
-    zstandard both write through it); closing it leaves `file` to its owner."""
-
-    def __init__(self, file: BinaryIO):
-        self.file = file
-        self.digest = hashlib.sha256()
-        self.size = 0
-        self.closed = False
-
-    def write(self, data: bytes | memoryview) -> int:
-        self.file.write(data)
-        self.digest.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def close(self) -> None:
-        self.closed = True
 
 
 @contextlib.contextmanager

@@ -63,7 +63,9 @@ def analysis_directory(layout: JobLayout, output: Path | str | None) -> Path:
 
 def stats_export_name(manifest: Manifest) -> str:
     if manifest.analysis is None:
-        raise JobStateError(f"job {manifest.job_id} was not prepared with --analyze; run `merge` to publish its rows, or prepare a new --job-dir with --analyze")
+        raise JobStateError(
+            f"job {manifest.job_id} was not prepared with --analyze; run `merge` to publish its rows, or prepare a new --job-dir with --analyze"
+        )
     return f"{manifest.analysis.export_stem}_stats.jsonl"
 
 

@@ -23,7 +23,7 @@ from elastic_sharding.errors import UsageError
 from elastic_sharding.finish import parquet_output, zstd_output
 from elastic_sharding.finish.shard_reader import blocks
 from elastic_sharding.finish.validate import Source
-from elastic_sharding.fsops import HashingSink
+from elastic_sharding.hashing_sink import HashingSink
 from elastic_sharding.output_formats import JSONL, JSONL_ZST, PARQUET
 from elastic_sharding.progress import Progress
 

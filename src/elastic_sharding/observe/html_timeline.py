@@ -13,21 +13,29 @@ have a sub-row of its lane (one unit at a time each); a unit's title names its h
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from elastic_sharding.observe.html_format import esc, fmt_bytes, fmt_int, fmt_secs, iso
+from elastic_sharding.observe.html_timeline_layout import (
+    AXIS_H,
+    BACKUP,
+    LABEL_W,
+    PLOT_W,
+    RIGHT_PAD,
+    ROW_H,
+    Bar,
+    Lane,
+    Timeline,
+    UnitBar,
+    lay_out,
+    tick_step,
+)
 from elastic_sharding.observe.snapshot import AttemptView
 from elastic_sharding.observe.stages import PHASES, UnitView
 from elastic_sharding.vocabulary import OUTCOMES, AttemptOutcome
 
-LABEL_W, PLOT_W, RIGHT_PAD, AXIS_H = 180, 1000, 24, 30
-ROW_H, ROW_GAP, LANE_PAD, MIN_BAR_W = 20, 4, 8, 3.0
 CHAR_W = 6.6  # average advance of the 11px bar font, to decide whether a label fits
-TICK_STEPS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
-MAX_TICKS = 10
 LANE_LABEL_CHARS = 21
 TITLE_ERROR_CHARS = 400
-TAKEOVER, RETRY, BACKUP = "takeover", "retry", "backup"
 # Unit bars: a done unit in its phase's colour, a held one striped, a stale one hatched like an attempt.
 PHASE_COLOURS = {"keys": "#8250df", "buckets": "#bf3989", "components": "#1b7c83", "keep": "#9a6700"}
 UNIT_FILL = {"held": "url(#unit-held)", "stale": "url(#stale-hatch)", "failed": "#cf222e"}
@@ -46,186 +54,10 @@ def _shard_number(shard_id: str) -> str:
     return match.group(1) if match else shard_id[:8]
 
 
-# -- timeline geometry -------------------------------------------------------------------------
-
-
-@dataclass
-class _Bar:
-    view: AttemptView
-    x0: float
-    x1: float
-    kind: str | None = None  # retry | takeover | backup for attempts after a shard's first
-    after: int | None = None  # the index of the attempt it follows (a backup: its original)
-    row: int = 0
-    y: float = 0.0
-    room_right: float = float("inf")
-
-    @property
-    def mid_y(self) -> float:
-        return self.y + ROW_H / 2
-
-    @property
-    def order(self) -> tuple:
-        return (self.x0, self.x1, self.view.segment, self.view.shard_id, self.view.attempt_id)
-
-
-@dataclass
-class _UnitBar:
-    unit: UnitView
-    x0: float
-    x1: float
-    row: int = 0
-    y: float = 0.0
-    room_right: float = float("inf")
-
-    @property
-    def order(self) -> tuple:
-        return (self.x0, self.x1, self.unit.unit)
-
-
-@dataclass
-class _Lane:
-    host: str  # the lane's label: a host, or "stage k"
-    bars: list[_Bar] | list[_UnitBar]
-    rows: int
-    top: float
-    height: float
-    sub: str = ""
-    tooltip: str = ""  # the label's title, when not the label itself
-
-
-@dataclass
-class _Timeline:
-    start: float
-    end: float
-    lanes: list[_Lane]
-    height: float
-
-    def x(self, at: float) -> float:
-        return LABEL_W + (at - self.start) / max(self.end - self.start, 1e-9) * PLOT_W
-
-
-def _attempt_end(view: AttemptView, now: float) -> float:
-    return view.ended_at if view.ended_at is not None else max(now, view.started_at)
-
-
-def _handoffs(attempts: list[AttemptView]) -> dict[int, tuple[str, int | None]]:
-    """For each attempt after its shard's first in its segment (by index): how it followed which one.
-
-    A backup follows its original, and the claim's next attempt follows the original too, unless
-    the claim was handed to the backup (`promoted`)."""
-    previous: dict[tuple[int, str], int] = {}
-    originals = {(view.segment, view.shard_id, view.attempt_id): index for index, view in enumerate(attempts)}
-    handoffs: dict[int, tuple[str, int | None]] = {}
-    for index, view in sorted(enumerate(attempts), key=lambda item: (item[1].started_at, item[1].attempt_id)):
-        key = (view.segment, view.shard_id)
-        if view.backup_of is not None:
-            handoffs[index] = (BACKUP, originals.get((*key, view.backup_of)))
-            if not view.promoted:
-                continue
-        elif key in previous:
-            before = attempts[previous[key]]
-            kind = TAKEOVER if before.outcome in (AttemptOutcome.SUPERSEDED, AttemptOutcome.STALE) else RETRY
-            handoffs[index] = (kind, previous[key])
-        previous[key] = index
-    return handoffs
-
-
-def _unit_span(unit: UnitView, now: float) -> tuple[float, float] | None:
-    """A unit's start and end (now while it is held); None when its times are unknown."""
-    if unit.started_at is None:
-        return None
-    return unit.started_at, unit.ended_at if unit.ended_at is not None else max(now, unit.started_at)
-
-
-def _pack(bars: list[_Bar] | list[_UnitBar]) -> int:
-    """Greedy interval packing: each bar goes to the first sub-row free at its start."""
-    row_ends: list[float] = []
-    for bar in sorted(bars, key=lambda b: b.order):
-        bar.row = next((row for row, end in enumerate(row_ends) if bar.x0 >= end - 0.5), len(row_ends))
-        if bar.row == len(row_ends):
-            row_ends.append(bar.x1)
-        row_ends[bar.row] = bar.x1
-    return max(1, len(row_ends))
-
-
-def _layout(
-    attempts: list[AttemptView], units: list[UnitView], now: float, stage_names: dict[int, str]
-) -> tuple[_Timeline, dict[int, _Bar], list[_UnitBar]]:
-    spans = [span for span in (_unit_span(unit, now) for unit in units) if span is not None]
-    start = min([view.started_at for view in attempts] + [s for s, _ in spans])
-    end = max([_attempt_end(view, now) for view in attempts] + [e for _, e in spans])
-    timeline = _Timeline(start, max(end, start + 1e-3), [], 0.0)
-    handoffs = _handoffs(attempts)
-    by_index: dict[int, _Bar] = {}
-    by_host: dict[str, list[_Bar]] = {}
-    for index, view in enumerate(attempts):
-        x0 = timeline.x(view.started_at)
-        kind, after = handoffs.get(index, (None, None))
-        bar = _Bar(view, x0, max(timeline.x(_attempt_end(view, now)), x0 + MIN_BAR_W), kind, after)
-        by_index[index] = bar
-        by_host.setdefault(view.host, []).append(bar)
-    by_stage: dict[int, list[_UnitBar]] = {}
-    for unit in units:
-        span = _unit_span(unit, now)
-        if span is not None:
-            x0 = timeline.x(span[0])
-            by_stage.setdefault(unit.stage, []).append(_UnitBar(unit, x0, max(timeline.x(span[1]), x0 + MIN_BAR_W)))
-    lanes: list[tuple[str, list[_Bar] | list[_UnitBar], str, str]] = [(host, by_host[host], "", "") for host in sorted(by_host)]
-    for stage in sorted(by_stage):
-        count = len(by_stage[stage])
-        name = f"deduplication stage {stage}" + (f": {stage_names[stage]}" if stage_names.get(stage) else "")
-        lanes.append((f"stage {stage}", by_stage[stage], f"{count} unit{'s' if count != 1 else ''}", name))
-    top = float(AXIS_H)
-    for label, bars, sub, tooltip in lanes:
-        if sub:
-            rows = _participant_rows(bars)  # type: ignore[arg-type]
-            sub += f" · {rows} participant{'s' if rows != 1 else ''}"
-        else:
-            rows = _pack(bars)
-        height = 2 * LANE_PAD + rows * ROW_H + (rows - 1) * ROW_GAP
-        for bar in bars:
-            bar.y = top + LANE_PAD + bar.row * (ROW_H + ROW_GAP)
-        _set_room(bars)
-        timeline.lanes.append(_Lane(label, bars, rows, top, height, sub, tooltip))
-        top += height
-    timeline.height = top + 6
-    return timeline, by_index, [bar for _, bars, _, _ in lanes for bar in bars if isinstance(bar, _UnitBar)]
-
-
-def _participant_rows(bars: list[_UnitBar]) -> int:
-    """A stage's units get one sub-row per participant (host and pid), which does one unit at a
-    time: however many tiny units a stage has, its lane is as tall as it has participants."""
-    participants = sorted({(bar.unit.host or "", bar.unit.pid or 0) for bar in bars})
-    row_of = {participant: row for row, participant in enumerate(participants)}
-    for bar in bars:
-        bar.row = row_of[(bar.unit.host or "", bar.unit.pid or 0)]
-    return max(1, len(participants))
-
-
-def _set_room(bars: list[_Bar] | list[_UnitBar]) -> None:
-    """Free space to the right of each bar in its sub-row, where a label that does not fit may go."""
-    rows: dict[int, list[_Bar | _UnitBar]] = {}
-    for bar in bars:
-        rows.setdefault(bar.row, []).append(bar)
-    for row in rows.values():
-        row.sort(key=lambda b: b.x0)
-        for bar, following in zip(row, row[1:]):
-            bar.room_right = following.x0 - bar.x1
-        row[-1].room_right = LABEL_W + PLOT_W + RIGHT_PAD - row[-1].x1
-
-
-def _tick_step(span: float) -> float:
-    for step in TICK_STEPS:
-        if span / step <= MAX_TICKS:
-            return step
-    return span / MAX_TICKS
-
-
 # -- timeline SVG ----------------------------------------------------------------------------
 
 
-def _bar_title(bar: _Bar, start: float, now: float) -> str:
+def _bar_title(bar: Bar, start: float, now: float) -> str:
     view = bar.view
     took = view.secs if view.secs is not None else max(0.0, now - view.started_at)
     segment = f"segment {view.segment} · " if view.segment else ""
@@ -250,7 +82,7 @@ def _bar_title(bar: _Bar, start: float, now: float) -> str:
     return "\n".join(lines)
 
 
-def _outcome_note(bar: _Bar) -> str:
+def _outcome_note(bar: Bar) -> str:
     view = bar.view
     note = " (another attempt of the shard published first)" if view.outcome == AttemptOutcome.BEATEN else ""
     if bar.kind == BACKUP:
@@ -259,7 +91,7 @@ def _outcome_note(bar: _Bar) -> str:
     return note + (f" ({bar.kind} of an earlier attempt)" if bar.kind else "")
 
 
-def _bar_label(bar: _Bar) -> str:
+def _bar_label(bar: Bar) -> str:
     """The shard number (and retry/takeover/backup) inside the bar, else beside it, else nothing."""
     number = _shard_number(bar.view.shard_id)
     light = " on-light" if bar.view.outcome in (AttemptOutcome.INTERRUPTED, AttemptOutcome.STALE) else ""
@@ -273,7 +105,7 @@ def _bar_label(bar: _Bar) -> str:
     return ""
 
 
-def _bar_svg(bar: _Bar, start: float, now: float) -> str:
+def _bar_svg(bar: Bar, start: float, now: float) -> str:
     view = bar.view
     outcome = view.outcome if view.outcome in OUTCOMES else AttemptOutcome.FAILED
     kind = f' data-kind="{bar.kind}"' if bar.kind else ""
@@ -285,7 +117,7 @@ def _bar_svg(bar: _Bar, start: float, now: float) -> str:
     )
 
 
-def _backup_svg(bar: _Bar) -> str:
+def _backup_svg(bar: Bar) -> str:
     """A backup attempt's dashed outline, over its bar."""
     if bar.kind != BACKUP:
         return ""
@@ -295,7 +127,7 @@ def _backup_svg(bar: _Bar) -> str:
     )
 
 
-def _setup_svg(bar: _Bar) -> str:
+def _setup_svg(bar: Bar) -> str:
     """The part of an attempt spent starting its node's runtime, hatched over the bar's start."""
     view = bar.view
     took = view.secs
@@ -307,7 +139,7 @@ def _setup_svg(bar: _Bar) -> str:
     return f'<rect class="setup" x="{bar.x0:.1f}" y="{bar.y:.1f}" width="{width:.1f}" height="{ROW_H}" rx="3"/>'
 
 
-def _unit_title(bar: _UnitBar, start: float, now: float) -> str:
+def _unit_title(bar: UnitBar, start: float, now: float) -> str:
     unit = bar.unit
     took = unit.secs if unit.secs is not None else max(0.0, now - (unit.started_at or now))
     lines = [
@@ -323,7 +155,7 @@ def _unit_title(bar: _UnitBar, start: float, now: float) -> str:
     return "\n".join(lines)
 
 
-def _unit_svg(bar: _UnitBar, start: float, now: float) -> str:
+def _unit_svg(bar: UnitBar, start: float, now: float) -> str:
     unit = bar.unit
     fill = UNIT_FILL.get(unit.outcome, PHASE_COLOURS.get(unit.phase, "#57606a"))
     label = f"{PHASE_LETTER.get(unit.phase, '?')}{unit.index}"
@@ -339,7 +171,7 @@ def _unit_svg(bar: _UnitBar, start: float, now: float) -> str:
     )
 
 
-def _handoff_svg(before: _Bar, after: _Bar) -> str:
+def _handoff_svg(before: Bar, after: Bar) -> str:
     if after.kind == BACKUP:
         # From the original at the moment the backup started: the two overlap in time.
         x, y1, y2 = min(after.x0, before.x1), before.mid_y, after.mid_y
@@ -357,9 +189,9 @@ def _handoff_svg(before: _Bar, after: _Bar) -> str:
     )
 
 
-def _axis_svg(timeline: _Timeline, now: float, running: bool) -> list[str]:
+def _axis_svg(timeline: Timeline, now: float, running: bool) -> list[str]:
     span = timeline.end - timeline.start
-    step = _tick_step(span)
+    step = tick_step(span)
     parts = [f'<line class="axis" x1="{LABEL_W}" y1="{AXIS_H - 4}" x2="{LABEL_W + PLOT_W}" y2="{AXIS_H - 4}"/>']
     count = int(span / step + 1e-9)
     for i in range(count + 1):
@@ -375,7 +207,7 @@ def _axis_svg(timeline: _Timeline, now: float, running: bool) -> list[str]:
     return parts
 
 
-def _lane_svg(lane: _Lane, index: int) -> list[str]:
+def _lane_svg(lane: Lane, index: int) -> list[str]:
     alt = " alt" if index % 2 else ""
     width = LABEL_W + PLOT_W + RIGHT_PAD
     host = lane.host if len(lane.host) <= LANE_LABEL_CHARS else lane.host[: LANE_LABEL_CHARS - 1] + "…"
@@ -419,7 +251,7 @@ def timeline_svg(
     units = [unit for unit in units or () if unit.started_at is not None]
     if not attempts and not units:
         return '<p class="none">No attempt has started yet.</p>'
-    timeline, bars, unit_bars = _layout(attempts, units, now, stage_names or {})
+    timeline, bars, unit_bars = lay_out(attempts, units, now, stage_names or {})
     running = any(view.ended_at is None for view in attempts) or any(unit.ended_at is None for unit in units)
     width = LABEL_W + PLOT_W + RIGHT_PAD
     parts = [

@@ -6,10 +6,8 @@ the owners' wall clocks; they are good for rates and ages, never for deciding ow
 
 The rules, also documented in the README ("Reading status"):
 
-- A worker is a (host, pid). Its *effective* time on an attempt starts when the attempt was
-  staged or when the worker's previous attempt ended, whichever is later, so a shard claimed
-  ahead does not count its wait in the queue; time spent starting the node's runtime (recorded
-  by the warm runner, `setup_secs`) is left out too, since the worker's next shards do not pay it.
+- A worker is a (host, pid), timed by its *effective* time on an attempt (`worker_time`): not
+  its wait in the queue behind a shard it claimed ahead, nor its runtime's start-up (`setup_secs`).
   The shard that started a runtime is also slow to process (Ray starts its worker processes on
   first use), so it counts only while the worker has no other completed shard.
 - A worker's throughput is the rows (bytes) of its last RECENT_SHARDS completed shards (those that
@@ -36,24 +34,20 @@ The rules, also documented in the README ("Reading status"):
 - A backup attempt (`claims.backups`) and the attempt it backs up are one running shard: the ETA
   counts the larger done part of the two and the shorter time left. An attempt stopped because
   another of its shard published first (`beaten`) is neither a completion nor a failure.
-- Each backup attempt is a `Backup`: its time and its original's are effective times as above (the
-  original's up to the backup's win when it won); `behind_secs` is how much longer the original had
-  run than the backup needed, known whenever the backup won a race; `saved_secs` only when both
-  finished (the loser's end minus the winner's), since Ray reports no rows mid-shard and the time
-  a stopped original still needed is unknown.
+- Each backup attempt's race with its original is judged by `backup_races`.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from elastic_sharding.claims.backups import StragglerRule, Straggling
+from elastic_sharding.observe.backup_races import Backup, BackupCounts, backup_races, count_backups
 from elastic_sharding.observe.snapshot import AttemptView, ShardView
 from elastic_sharding.observe.stragglers import judge, median_secs_per_byte
-from elastic_sharding.records import BackupRecord, CompletionRecord, OperatorStats
+from elastic_sharding.observe.worker_time import busy_secs, effective_starts
+from elastic_sharding.records import BackupRecord, OperatorStats
 from elastic_sharding.vocabulary import STARTING_PHASES, WAITING_PHASES, AttemptOutcome, Phase, ShardState
 
 RECENT_SHARDS = 5
@@ -82,62 +76,6 @@ class Running:
     @property
     def factor(self) -> float | None:
         return self.straggling.overrun if self.straggling is not None else None
-
-
-class BackupState(StrEnum):
-    """How a backup attempt's race with the attempt it backs up went."""
-
-    RUNNING = "running"
-    WON = "won"  # it published the shard's completion
-    LOST = "lost"  # another attempt (the original) published first
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    FENCED = "fenced"  # the claim was taken over
-    STALE = "stale"  # its heartbeat stopped
-
-
-_BACKUP_STATE = {
-    AttemptOutcome.RUNNING: BackupState.RUNNING,
-    AttemptOutcome.SUCCEEDED: BackupState.WON,
-    AttemptOutcome.BEATEN: BackupState.LOST,
-    AttemptOutcome.FAILED: BackupState.FAILED,
-    AttemptOutcome.INTERRUPTED: BackupState.INTERRUPTED,
-    AttemptOutcome.SUPERSEDED: BackupState.FENCED,
-    AttemptOutcome.STALE: BackupState.STALE,
-}
-# An original in one of these had not ended (nor stopped heartbeating) when its backup won: they raced.
-_STILL_RACING = frozenset({AttemptOutcome.BEATEN, AttemptOutcome.RUNNING})
-
-
-@dataclass
-class Backup:
-    """One backup attempt and its original (see the module docstring for the times)."""
-
-    shard_id: str
-    attempt_id: str
-    host: str
-    pid: int
-    of_attempt_id: str
-    of_host: str | None  # None when the original's attempt record cannot be read
-    started_at: float
-    reason: str | None  # from its backup record, when readable
-    state: BackupState
-    promoted: bool
-    backup_secs: float
-    original_secs: float | None
-    original_factor: float | None  # original_secs over the median completed shard's time for its size
-    behind_secs: float | None
-    saved_secs: float | None
-    nondeterministic: bool  # both finished, with different outputs
-
-
-@dataclass
-class BackupCounts:
-    started: int = 0
-    running: int = 0
-    won: int = 0
-    lost: int = 0
-    failed: int = 0
 
 
 @dataclass
@@ -261,32 +199,6 @@ class _Rate:
         return self.bytes / self.secs if self.secs > 0 else None
 
 
-def effective_starts(attempts: list[AttemptView]) -> dict[tuple[str, str], float]:
-    """(shard, attempt) -> when its worker actually turned to it (see the module's rules)."""
-    by_worker: dict[tuple[str, int], list[AttemptView]] = defaultdict(list)
-    for attempt in attempts:
-        by_worker[(attempt.host, attempt.pid)].append(attempt)
-    starts = {}
-    for own in by_worker.values():
-        previous_end = float("-inf")
-        for attempt in sorted(own, key=lambda a: (a.ended_at is None, a.ended_at or 0.0, a.started_at)):
-            starts[(attempt.shard_id, attempt.attempt_id)] = max(attempt.started_at, previous_end)
-            if attempt.ended_at is not None:
-                previous_end = max(previous_end, attempt.ended_at)
-    return starts
-
-
-def _busy_secs(attempt: AttemptView, starts: dict[tuple[str, str], float]) -> float:
-    """A finished attempt's time on its worker: from its effective start, less runtime start-up."""
-    return _worked_secs(attempt, starts, attempt.ended_at if attempt.ended_at is not None else attempt.started_at)
-
-
-def _worked_secs(attempt: AttemptView, starts: dict[tuple[str, str], float], until: float) -> float:
-    """An attempt's time on its worker up to `until`, as `_busy_secs` counts it."""
-    start = starts.get((attempt.shard_id, attempt.attempt_id), attempt.started_at)
-    return max(0.0, until - start - attempt.setup_secs)
-
-
 def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], float]) -> dict[tuple[str, int], _Rate]:
     by_worker: dict[tuple[str, int], list[AttemptView]] = defaultdict(list)
     for attempt in completed:
@@ -296,7 +208,7 @@ def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], fl
         rate = _Rate()
         warm = [a for a in own if not a.setup_secs]
         for attempt in sorted(warm or own, key=lambda a: a.ended_at or 0.0)[-RECENT_SHARDS:]:
-            rate.add(attempt, _busy_secs(attempt, starts))
+            rate.add(attempt, busy_secs(attempt, starts))
         rates[worker] = rate
     return rates
 
@@ -304,11 +216,6 @@ def _worker_rates(completed: list[AttemptView], starts: dict[tuple[str, str], fl
 def _mean(values: list[float | None]) -> float | None:
     known = [v for v in values if v]
     return sum(known) / len(known) if known else None
-
-
-def _seconds_per_byte(completed: list[AttemptView], starts: dict[tuple[str, str], float]) -> float | None:
-    samples = [_busy_secs(a, starts) / a.input_bytes for a in completed if a.input_bytes > 0]
-    return statistics.median(samples) if samples else None
 
 
 def job_metrics(
@@ -338,12 +245,11 @@ def job_metrics(
         node.shards_done += 1
         node.rows_done += attempt.input_rows
         node.bytes_done += attempt.input_bytes
-        node_totals[attempt.host].add(attempt, _busy_secs(attempt, starts))
+        node_totals[attempt.host].add(attempt, busy_secs(attempt, starts))
     for attempt in current:
         if attempt.counts_as_failure:
             nodes.setdefault(attempt.host, Node(attempt.host)).failures += 1
 
-    per_sec_per_byte = _seconds_per_byte(completed, starts)
     median = median_secs_per_byte(views, rule)
     unfinished = {v.shard_id for v in views if v.state not in (ShardState.DONE, ShardState.FAILED)}
     remaining = sum(v.spec.bytes for v in views if v.shard_id in unfinished)
@@ -415,7 +321,7 @@ def job_metrics(
     rows_done = sum(v.spec.rows for v in views if v.state == ShardState.DONE)
     bytes_rate = sum(rate for rate in active.values() if rate) or None
     rows_rate = sum(rate for rate in active_rows.values() if rate) or None
-    backups = _backups(views, current, backup_records or {}, starts, per_sec_per_byte, now)
+    backups = backup_races(views, current, completed, backup_records or {}, starts, now)
     return JobMetrics(
         started_at=started_at,
         elapsed_secs=elapsed,
@@ -433,90 +339,10 @@ def job_metrics(
         nodes=sorted(nodes.values(), key=lambda n: n.host),
         stragglers=stragglers,
         backups=backups,
-        backup_counts=_backup_counts(backups),
+        backup_counts=count_backups(backups),
         straggler_rule=rule,
         median_secs_per_byte=median,
     )
-
-
-def _backup_counts(backups: list[Backup]) -> BackupCounts:
-    states = Counter(backup.state for backup in backups)
-    return BackupCounts(
-        len(backups), states[BackupState.RUNNING], states[BackupState.WON], states[BackupState.LOST], states[BackupState.FAILED]
-    )
-
-
-def _end(attempt: AttemptView, now: float) -> float:
-    return attempt.ended_at if attempt.ended_at is not None else now
-
-
-def _backup_state(backup: AttemptView, completion: CompletionRecord | None) -> BackupState:
-    state = _BACKUP_STATE.get(backup.outcome, BackupState.FAILED)
-    if completion is None:
-        return state
-    if completion.attempt_id == backup.attempt_id:
-        return BackupState.WON
-    return BackupState.LOST if state in (BackupState.RUNNING, BackupState.WON) else state
-
-
-def _backups(
-    views: list[ShardView],
-    current: list[AttemptView],
-    records: dict[str, BackupRecord],
-    starts: dict[tuple[str, str], float],
-    per_sec_per_byte: float | None,
-    now: float,
-) -> list[Backup]:
-    """Every backup attempt of the current attempts, with how its race went (module docstring)."""
-    completions = {v.shard_id: v.completion for v in views if v.completion is not None}
-    by_id = {(a.shard_id, a.attempt_id): a for a in current}
-    found = []
-    for backup in current:
-        if backup.backup_of is None:
-            continue
-        original = by_id.get((backup.shard_id, backup.backup_of))
-        completion = completions.get(backup.shard_id)
-        state = _backup_state(backup, completion)
-        won = state == BackupState.WON
-        backup_secs = _worked_secs(backup, starts, _end(backup, now))
-        original_secs = factor = behind = saved = None
-        nondeterministic = False
-        if original is not None:
-            stop = _end(original, now)
-            if won and completion is not None:
-                stop = min(stop, completion.finished_at)
-            original_secs = _worked_secs(original, starts, stop)
-            typical = per_sec_per_byte * original.input_bytes if per_sec_per_byte else None
-            factor = original_secs / typical if typical else None
-            raced = not backup.promoted and original.outcome in _STILL_RACING
-            behind = original_secs - backup_secs if won and raced else None
-            loser = original if won else backup if state == BackupState.LOST else None
-            if loser is not None and loser.output_sha256 is not None and completion is not None:
-                nondeterministic = loser.output_sha256 != completion.output_sha256
-                if won:
-                    saved = _end(original, now) - _end(backup, now)
-        record = records.get(backup.attempt_id)
-        found.append(
-            Backup(
-                shard_id=backup.shard_id,
-                attempt_id=backup.attempt_id,
-                host=backup.host,
-                pid=backup.pid,
-                of_attempt_id=backup.backup_of,
-                of_host=original.host if original is not None else None,
-                started_at=backup.started_at,
-                reason=record.reason if record is not None else None,
-                state=state,
-                promoted=backup.promoted,
-                backup_secs=backup_secs,
-                original_secs=original_secs,
-                original_factor=factor,
-                behind_secs=behind,
-                saved_secs=saved,
-                nondeterministic=nondeterministic,
-            )
-        )
-    return found
 
 
 def _eta(

@@ -14,6 +14,7 @@ from elastic_sharding.errors import EXIT_INCOMPLETE
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.observe import prometheus
 from elastic_sharding.observe.status import Status
+from elastic_sharding.observe.status_text import progress_line, status_text
 
 _HOME_AND_CLEAR = "\x1b[H\x1b[2J"
 
@@ -25,7 +26,7 @@ def _emit(status: Status, as_json: bool, show_all: bool, export: Path | None, *,
         option = 0 if compact else orjson.OPT_INDENT_2
         sys.stdout.write(orjson.dumps(status.as_json(), option=option).decode() + "\n")
     else:
-        sys.stdout.write(status.text(show_all) + "\n")
+        sys.stdout.write(status_text(status, show_all) + "\n")
     sys.stdout.flush()
 
 
@@ -70,11 +71,11 @@ def watch_status(
             else:
                 if export is not None:
                     prometheus.write(status, export)
-                sys.stdout.write(f"{time.strftime('%H:%M:%S')} {status.summary_line()}\n  {status.progress_line()}\n")
+                sys.stdout.write(f"{time.strftime('%H:%M:%S')} {status.summary_line()}\n  {progress_line(status)}\n")
                 sys.stdout.flush()
             if code != EXIT_INCOMPLETE:
                 if not redraw and not as_json:
-                    sys.stdout.write(status.text(show_all) + "\n")
+                    sys.stdout.write(status_text(status, show_all) + "\n")
                 return code
             time.sleep(every)
     except KeyboardInterrupt:

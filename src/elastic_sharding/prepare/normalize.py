@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_sharding.errors import InputError
+from elastic_sharding.records import ROW_KEY, PreparePlan
 
 URL_PREFIXES = ("http://", "https://", "s3://", "gs://", "hdfs://")
 
@@ -289,6 +290,11 @@ class RowNormalizer:
     index_key: str | None
     row_key: str
     added_keys: int = 0  # index keys added to rows that had none: not in the input text
+
+    @classmethod
+    def of(cls, plan: PreparePlan) -> RowNormalizer:
+        """A fresh normalizer of the rows of a prepare's plan (pass one, its re-scan, pass two)."""
+        return cls(tuple(plan.media_keys), plan.index_key, ROW_KEY)
 
     def normalize(self, row: dict[str, Any], base_dir: str, global_index: int, path: Path, lineno: int) -> dict[str, Any]:
         if self.row_key in row:

@@ -13,6 +13,7 @@ from typing import Any
 
 from elastic_sharding import fsops
 from elastic_sharding.errors import InputError
+from elastic_sharding.hashing_sink import HashingSink
 from elastic_sharding.prepare.jsonl import Offload, line_too_long
 
 DIRECT_BYTES = 64 << 10
@@ -74,7 +75,7 @@ def _write_block(out: fsops.AtomicOutput, data: bytes, sha: Any) -> None:
     sha.update(data)
 
 
-class HashingOutput(fsops.HashingSink):
+class HashingOutput(HashingSink):
     """A create-once temporary file that hashes what it is given (pyarrow writes a Parquet shard
     through it): `commit`/`abort` as `ShardWriter`."""
 
