@@ -21,9 +21,10 @@ import sys
 import numpy as np
 import orjson
 import pytest
+from jsonschema import Draft202012Validator
 from support.dj_analyze_run import dj_analyze
 from support.e2e_support import SHARD_JOB
-from support.jobs import REPO, TESTS
+from support.jobs import REPO, STATUS_SCHEMA, TESTS
 from support.offline_models import build_offline_models
 from support.overall_csv import overall_differences
 from support.pydoc_corpus import pydoc_corpus
@@ -134,6 +135,8 @@ def test_analysis_on_three_glusterfs_nodes_equals_dj_analyze(gluster, tmp_path, 
     shard_job("merge", "--job-dir", str(job), "--output", str(output), node=b)
     status = json.loads(shard_job("status", "--job-dir", str(job), "--json", node=c).stdout)
     assert status["complete"] and len({s["host"] for s in status["shards"]}) >= 2
+    assert status["analysis"]["state"] == "done" and status["analysis"]["units"]["columns"] == {"done": 5, "held": 0, "total": 5}
+    Draft202012Validator(STATUS_SCHEMA).validate(status)
     local = tmp_path / "analysis"  # the volume is mounted inside the nodes only
     c.run(["cp", "-r", str(output), str(local)], check=True)
     check_analysis(local, reference, reference_export)

@@ -39,7 +39,7 @@ import yaml
 
 from elastic_sharding import confined
 from elastic_sharding.claims.heartbeat import read_heartbeat_file
-from elastic_sharding.layout import JobLayout, StageLayout
+from elastic_sharding.layout import JobLayout, StageLayout, UnitFiles
 from elastic_sharding.observe.snapshot import read_leniently
 from elastic_sharding.records import DedupStageDone, DedupUnitDone, KeptShard, StageFailure, UnitClaim
 
@@ -150,8 +150,8 @@ def _partitions(directory: Path) -> int | None:
     return None
 
 
-def _unit_names(files: StageLayout) -> tuple[set[str], set[str]]:
-    """(units with a claim, units with a result) in the stage's units directory."""
+def unit_names(files: UnitFiles, pattern: re.Pattern[str] = _UNIT_RE) -> tuple[set[str], set[str]]:
+    """(units with a claim, units with a result) in a stage's units directory, of the names `pattern` matches."""
     try:
         entries = confined.list_dir(files.units)
     except confined.LinkRefused as exc:
@@ -164,7 +164,7 @@ def _unit_names(files: StageLayout) -> tuple[set[str], set[str]]:
         if kind != "file":
             continue
         stem, dot, suffix = name.rpartition(".")
-        if dot and _UNIT_RE.match(stem):
+        if dot and pattern.match(stem):
             if suffix == "lock":
                 claimed.add(stem)
             elif suffix == "json":
@@ -235,7 +235,7 @@ def read_stage(
     files = StageLayout(layout.stage_dir(stage))
     failure = read_leniently(files.failed, StageFailure)
     complete = read_leniently(files.done, DedupStageDone)
-    claimed, published = _unit_names(files)
+    claimed, published = unit_names(files)
     views = []
     for name in sorted(claimed | published):
         view = _unit_view(files, stage, name, name in published, failure, lock_timeout, now)
@@ -312,4 +312,4 @@ def _eta(state: str, views: list[UnitView], units: dict[str, PhaseUnits], num_sh
     return remaining * statistics.median(samples) / participants
 
 
-__all__ = ["PHASES", "STAGE_STATES", "PhaseUnits", "StageView", "UnitView", "read_stage", "recipe_operators"]
+__all__ = ["PHASES", "STAGE_STATES", "PhaseUnits", "StageView", "UnitView", "read_stage", "recipe_operators", "unit_names"]

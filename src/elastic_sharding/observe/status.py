@@ -22,6 +22,7 @@ from elastic_sharding.claims.backups import StragglerRule
 from elastic_sharding.claims.submission import generations
 from elastic_sharding.errors import EXIT_ERROR, EXIT_INCOMPLETE, EXIT_OK
 from elastic_sharding.layout import JobLayout, attempt_files
+from elastic_sharding.observe.analysis_stage import read_analysis
 from elastic_sharding.observe.backup_races import Backup
 from elastic_sharding.observe.metrics import Eta, Node, Running, WarmOperator, job_metrics
 from elastic_sharding.observe.outputs import merged_json, merged_record, output_rows
@@ -194,8 +195,18 @@ class Status:
         self.refusals = node_refusals(self.job_layout)
         self.operators = recipe_operators(self.job_layout) if len(self.segments) > 1 else None
         self.stages = [self._stage(segment.index) for segment in self.segments[1:]]
-        self.complete = self._complete()
-        self.failed = bool(self.counts[ShardState.FAILED]) or any(stage.state == FAILED for stage in self.stages)
+        shards_complete = self._complete()
+        self.analysis = (
+            read_analysis(self.job_layout, len(self.job_manifest.shards), shards_complete)
+            if self.job_manifest.analysis is not None
+            else None
+        )
+        self.complete = shards_complete and (self.analysis is None or self.analysis.state == DONE)
+        self.failed = (
+            bool(self.counts[ShardState.FAILED])
+            or any(stage.state == FAILED for stage in self.stages)
+            or (self.analysis is not None and self.analysis.state == FAILED)
+        )
         if not self.complete and self.stages and all(v.state == ShardState.DONE for v in self.views):
             self.metrics.eta = self._between_segments_eta()
 
@@ -319,6 +330,7 @@ class Status:
             "segment": self.segment.index,
             "segments_total": len(self.segments),
             "stages": [_stage_json(stage) for stage in self.stages],
+            "analysis": self.analysis.as_json() if self.analysis is not None else None,
             "shards_total": len(self.views),
             "counts": self.counts,
             "rows_total": m.rows_total,
@@ -375,6 +387,8 @@ class Status:
             for stage in self.stages
             if stage.state == FAILED
         ]
+        if self.analysis is not None and self.analysis.state == FAILED:
+            stages.append(f"the analysis failed in {self.analysis.error}; fix the cause, then `retry --all-failed`")
         return self.shard_errors(failed_only) + stages
 
     def shard_errors(self, failed_only: bool = False) -> list[str]:

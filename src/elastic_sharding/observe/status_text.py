@@ -204,6 +204,8 @@ def status_text(status: Status, show_all: bool) -> str:
     lines = [status.summary_line(), progress_line(status)]
     if status.stages:
         lines += [segment_text(status), *(stage_text(stage) for stage in status.stages)]
+    if status.analysis is not None:
+        lines.append(status.analysis.line())
     lines += output_lines(status.merged, status.views, status.segment.index if len(status.segments) > 1 else None)
     lines += _node_lines(status)
     lines += _refusal_lines(status)
@@ -216,7 +218,7 @@ def status_text(status: Status, show_all: bool) -> str:
         )
     lines += _shard_lines(status, show_all)
     lines += [f"  {line}" for line in status.shard_errors()]
-    if any(stage.state == FAILED for stage in status.stages):
+    if any(stage.state == FAILED for stage in status.stages) or (status.analysis and status.analysis.state == FAILED):
         lines.append("  a failed stage: fix the cause, then `retry --all-failed` and start workers again")
     if status.counts[ShardState.STALE]:
         lines.append(
