@@ -14,7 +14,8 @@ yet published), `published` (completion published, claim not yet marked done), `
 the merged output is written), `prepare-<phase>` and `prepare-<phase>-done` (a cooperative
 prepare's participant holds a unit of `scan`, `cut`, `write`, `recipe` or `final`: before / after
 its work, result not published), `dedup-<phase>` and `dedup-<phase>-done` (the same for a
-deduplication stage's units: `keys`, `buckets`, `components`), `prepare-staged` (prepare wrote everything but has not published
+deduplication stage's units: `keys`, `buckets`, `components`, `keep`), `analysis-<phase>` and
+`analysis-<phase>-done` (the analysis units: `columns`, `plan`, `stats`, `report`), `prepare-staged` (prepare wrote everything but has not published
 the job), `prepare-rehashing` (a repeated prepare is about to hash the input again to prove it
 unchanged), `probing` (a filesystem probe made its directory, not yet removed),
 `phase-locked:<phase>` and `phase-done:<phase>` (a `dlc` coordinator holds the phase / finished

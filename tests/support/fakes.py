@@ -3,7 +3,8 @@
 It behaves like Ray's exporter where it matters to the worker: it writes a directory of part
 files whose order is NOT the input order (rows inside a part stay in order), and it can be told
 to drop rows, fail, or take a while; and it can tell a waiting test that it started processing.
-A Parquet shard (a job prepared from Parquet input) is read with pyarrow and its rows are the
+An attempt of a `--analyze` job (`ctx.stats_only`) is what Data-Juicer's stats-only run exports:
+every row, none dropped, each with the statistics `fake_analysis` computes from it. A Parquet shard (a job prepared from Parquet input) is read with pyarrow and its rows are the
 lines Data-Juicer's Ray export writes for it (`parquet_lines`), byte for byte.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +31,25 @@ def fake_recipe_keep(row: dict) -> bool:
 
 
 STEP_SECS = 0.01
+STATS_FIELD, META_FIELD = "__dj__stats__", "__dj__meta__"
+FAKE_LANGS = ("en", "en", "de", "fr", "zh")
+
+
+def fake_analysis(row: dict) -> dict:
+    """The fields a stats-only run adds to `row`: statistics of the kinds Data-Juicer's filters
+    write (an int length, a ratio rounded to 10 decimals as Ray's JSON export writes floats, a
+    string, a list), a function of the row alone so that any shard count or crash history gives
+    the same values; and a meta field named without `__dj__` (exported, not analysed, as
+    `usage_counter_mapper`'s) that names the row, so lost and duplicated rows can be counted."""
+    text = str(row.get("text", ""))
+    alnum = sum(char.isalnum() for char in text)
+    stats = {
+        "text_len": len(text),
+        "alnum_ratio": round(alnum / len(text), 10) if text else 0.0,
+        "lang": FAKE_LANGS[zlib.crc32(text.encode()) % len(FAKE_LANGS)],
+        "word_lens": [len(word) for word in text.split()[:3]],
+    }
+    return {STATS_FIELD: stats, META_FIELD: {"row_id": row.get("id")}}
 
 
 def parquet_lines(path: Path) -> list[bytes]:
@@ -76,6 +97,7 @@ class FakeRunner:
         ready: Path | None = None,
         shard_delays: dict[str, float] | None = None,
         node_local: bool = False,
+        stats: Callable[[dict], dict] = fake_analysis,
     ):
         self.delay = delay
         self.shard_delays = shard_delays or {}  # a slower (or faster) shard: a straggler on this node
@@ -83,6 +105,7 @@ class FakeRunner:
         self.fail = fail or (lambda shard_id: False)
         self.keep = keep or (lambda row: True)
         self.ready = ready  # touched when a shard starts processing: a test's barrier, not a sleep
+        self.stats = stats  # the fields a stats-only attempt adds to each row (`keep` is not applied)
         self.calls: list[str] = []
         self.configs: list[dict] = []
         self.envs: list[dict] = []
@@ -119,7 +142,11 @@ class FakeRunner:
             ctx.log_path.write_text("ValueError: fake operator failure\n")
             raise AttemptFailed("fake operator failure", node_local=self.node_local)
         dataset = Path(config["dataset_path"])
-        if dataset.name.endswith(".parquet"):
+        if ctx.stats_only:
+            lines = parquet_lines(dataset) if dataset.name.endswith(".parquet") else dataset.read_bytes().splitlines()
+            rows = [orjson.loads(line) for line in lines]
+            kept = [orjson.dumps({**row, **self.stats(row)}) for row in rows]
+        elif dataset.name.endswith(".parquet"):
             # Exported as Data-Juicer exports it, and kept line for line as the export wrote it.
             kept = [line for line in parquet_lines(dataset) if self.keep(orjson.loads(line))]
         else:

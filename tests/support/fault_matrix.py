@@ -41,6 +41,11 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               (keys, buckets, keep; before or after the unit's work) or of a shard of the
               segment after it; the job is finished as a user would and the merged output must be
               the clean run's, byte for byte
+  analysis-job  a `--analyze` job (fake processing that writes every row's statistics, the real
+              analysis), a worker on every node: one of them killed, or frozen for two leases, at a
+              crash point of the analysis (columns, plan, stats, report; before or after the unit's
+              work) or of a shard; the job is finished as a user would, `merge` publishes the
+              analysis directory, and every file of it must be the clean run's, byte for byte
   slow        a worker slowed 5-20x mid-shard (SIGSTOP/SIGCONT duty cycles on its process tree:
               alive, heartbeating, its claim never stale), the others idle once the rest is done:
               they back its shard up, the first valid publish wins, the slow attempt stops and
@@ -66,9 +71,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import datetime
+import hashlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -92,6 +100,7 @@ sys.path.insert(0, str(SRC))
 
 import orjson  # noqa: E402
 
+from elastic_sharding.finish.analysis_output import publish_analysis  # noqa: E402
 from elastic_sharding.finish.merge import merge  # noqa: E402
 from elastic_sharding.fsprobe import PROBE_PREFIX  # noqa: E402
 from elastic_sharding.layout import processed_file  # noqa: E402
@@ -104,7 +113,7 @@ from support.dedup_corpus import prose_rows  # noqa: E402
 from support.dedup_node import node_command, stage_spec  # noqa: E402
 from support.e2e_support import processes_with  # noqa: E402
 from support.fake_worker import launch_command, worker_command  # noqa: E402
-from support.fakes import FakeRunner, fake_recipe_keep  # noqa: E402
+from support.fakes import META_FIELD, FakeRunner, fake_recipe_keep  # noqa: E402
 from support.jobs import DEDUP_RECIPE, SIMPLE_RECIPE, sample_rows, write_jsonl  # noqa: E402
 from support.throttle import DutyCycle  # noqa: E402
 
@@ -143,6 +152,7 @@ KINDS = {
     "prepare-kill": 2,
     "dedup-kill": 2,
     "dedup-job": 2,
+    "analysis-job": 2,
     "slow": 2,
 }
 # The slow trials: enough shards that three have completed when the others turn idle.
@@ -203,6 +213,21 @@ DEDUP_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "com
 DEDUP_EXIT_SECS = 120
 DEDUP_JOB_SHARDS = (3, 5)
 DEDUP_JOB_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "keep") for end in ("", "-done"))
+# A `--analyze` job over the dedup kinds' prose: the recipe's filters are what prepare keeps (the
+# fake computes its own statistics, `fakes.fake_analysis`), the rest is skipped as dj-analyze skips it.
+ANALYSIS_SHARDS, ANALYSIS_PERCENTILES = (3, 5), [0.1, 0.9]
+ANALYSIS_POINTS = tuple(f"analysis-{phase}{end}" for phase in ("columns", "plan", "stats", "report") for end in ("", "-done"))
+ANALYSIS_RECIPE = """\
+executor_type: ray
+ray_address: local
+dataset_path: {dataset}
+export_path: /tmp/ignored-by-workers/prose.jsonl
+process:
+  - whitespace_normalization_mapper:
+  - text_length_filter:
+  - alphanumeric_filter:
+  - document_deduplicator:
+"""
 PREPARE_EXIT_SECS = 90  # how long a participant may take to exit once the fault has been injected
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
@@ -234,6 +259,12 @@ for shard in names(f"{job}/attempts"):
             "backup_of": record.get("backup_of"),
             "phase": beat.get("phase"), "started_at": record.get("started_at")}
 print(json.dumps(out))
+"""
+# A published analysis directory as a node sees it: each file's sha256.
+ANALYSIS_INSPECT = r"""
+import hashlib, json, os, sys
+root = sys.argv[1]
+print(json.dumps({n: hashlib.sha256(open(os.path.join(root, n), "rb").read()).hexdigest() for n in sorted(os.listdir(root))}))
 """
 
 # Waits on a node until the job argv[1] has its manifest (or argv[2] seconds passed).
@@ -339,6 +370,18 @@ class Template:
 
 
 @dataclass
+class AnalysisTemplate:
+    """A `--analyze` job prepared once on local disk, and the analysis directory its clean run
+    publishes: each file's sha256, and the stats export's row ids in order."""
+
+    shards: int
+    job: Path
+    files: dict[str, str]
+    export: str
+    row_ids: list[int]
+
+
+@dataclass
 class PrepareCase:
     """One prepare-kill trial: what fault hits which participant, who takes part and where."""
 
@@ -397,6 +440,7 @@ class Harness:
         self._prepare_references: dict[bool, PrepareReference] = {}
         self._dedup_expected: dict[int, list[int]] = {}
         self._dedup_jobs: dict[int, Template] = {}
+        self._analysis_jobs: dict[int, AnalysisTemplate] = {}
         self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -1266,6 +1310,118 @@ class Harness:
             self.compare_with = None
         return outcome
 
+    def analysis_template(self, shards: int) -> AnalysisTemplate:
+        """A `--analyze` job prepared once per shard count, with the analysis directory one fake
+        worker and `merge` publish on local disk (the worker runs as the trial's do:
+        `fake_recipe_keep` is ignored, an analysis drops no row). Across shard counts the files
+        must agree too, but for `index.html` (its notes count the shards) and `overall.csv`, whose
+        merged means and standard deviations may differ in the last bits (within 1e-9, as
+        promised against dj-analyze): a trial compares with the clean run of its own shard count."""
+        if shards not in self._analysis_jobs:
+            data = self.workdir / "analysis-job-input.jsonl"
+            if not data.exists():  # prepared jobs remember its modification time
+                write_jsonl(data, prose_rows(DEDUP_ROWS, seed=7))
+            recipe = self.workdir / "analysis-job-recipe.yaml"
+            recipe.write_text(ANALYSIS_RECIPE.format(dataset=data))
+            job = self.workdir / f"analysis-job-template-{shards}"
+            settings = Settings(
+                lock_timeout_secs=DEDUP_LEASE,
+                max_retries=6,
+                poll_interval_secs=POLL,
+                heartbeat_interval_secs=HEARTBEAT,
+                ray_address="local",
+            )
+            request = PrepareRequest(recipe, None, job, shards, settings, analyze=True, percentiles=ANALYSIS_PERCENTILES)
+            prepare(request, quiet=True)
+            clean = self.workdir / f"analysis-job-clean-{shards}"
+            shutil.copytree(job, clean, symlinks=True)
+            if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
+                raise AssertionError("the clean run of the analysis job failed")
+            out = self.workdir / f"analysis-job-clean-{shards}-analysis"
+            published, _, _ = publish_analysis(clean, out, quiet=True)
+            files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+            ids = [orjson.loads(line)[META_FIELD]["row_id"] for line in published.stats_export.read_bytes().splitlines()]
+            template = AnalysisTemplate(shards, job, files, published.stats_export.name, ids)
+            for other in self._analysis_jobs.values():
+                differ = sorted(n for n in {*files, *other.files} - {"index.html"} if files.get(n) != other.files.get(n))
+                csv_files = [self.workdir / f"analysis-job-clean-{n}-analysis" / "overall.csv" for n in (shards, other.shards)]
+                if "overall.csv" in differ and _same_overall(*(f.read_text() for f in csv_files)):
+                    differ.remove("overall.csv")
+                if differ:
+                    raise AssertionError(f"clean analyses of {shards} and {other.shards} shards differ: {differ}")
+            if ids != list(range(DEDUP_ROWS)):
+                raise AssertionError("the clean analysis's stats export is not every input row in order")
+            self._analysis_jobs[shards] = template
+        return self._analysis_jobs[shards]
+
+    def trial_analysis_job(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A `--analyze` job, one worker killed or frozen in the analysis or in a shard; `merge`
+        publishes the analysis, and every file of it must be the clean run's."""
+        shards = rng.choice(ANALYSIS_SHARDS)
+        template = self.analysis_template(shards)
+        victim = rng.randrange(len(self.cluster.nodes))
+        stop = rng.random() < 0.3
+        if rng.random() < 0.75:
+            point = rng.choice(ANALYSIS_POINTS)
+            # columns and stats have several units, which a worker may reach more than once; plan and report one
+            point += f"@{rng.choice((1, 1, 2)) if point.startswith(('analysis-columns', 'analysis-stats')) else 1}"
+        else:
+            point = f"{rng.choice(('claimed', 'processing', 'publishing', 'published'))}@{rng.randint(1, 2)}"
+        point += ":stop" if stop else ""
+        together = rng.random() < 0.5
+        outcome = Outcome(
+            "analysis-job",
+            f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
+            + (", together" if together else ""),
+        )
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
+        log = log_dir / "workers.log"
+        procs = {victim: self.worker(self.node(victim), job, log, 0.05, {"ELASTIC_SHARD_CRASH_AT": point})}
+        met = together or _await_fault(procs[victim], stop, DEDUP_EXIT_SECS)
+        procs.update({i: self.worker(self.node(i), job, log, 0.05) for i in range(len(self.cluster.nodes)) if i != victim})
+        if stop and (together and _await_fault(procs[victim], stop, DEDUP_EXIT_SECS) or met):
+            time.sleep(2 * DEDUP_LEASE + 1)
+            procs[victim].send_signal(signal.SIGCONT)
+            outcome.counts["analysis_job_stalls"] += 1
+        codes = {i: wait(proc, 180) for i, proc in procs.items()}
+        killed = codes[victim] == -signal.SIGKILL
+        outcome.counts["analysis_job_kills"] += killed
+        outcome.counts["analysis_job_takeovers"] += log.read_text(errors="replace").count("analysis: took over")
+        # Frozen holding a shard's claim, the victim may find its attempt superseded once resumed and
+        # exit 2 ("run the worker again"); frozen in the analysis, it must finish it with the others.
+        allowed = {-signal.SIGKILL, 0, 2} if stop and not point.startswith("analysis-") else {-signal.SIGKILL, 0}
+        outcome.check(
+            codes[victim] in allowed and all(code == 0 for i, code in codes.items() if i != victim),
+            f"workers exited {codes} (None: still running after 180 s): {last_line(log.read_text(errors='replace'))}",
+        )
+        self.finish_analysis(outcome, job, log_dir / "finish.log", template)
+        return outcome
+
+    def finish_analysis(self, outcome: Outcome, job: Path, log: Path, template: AnalysisTemplate) -> None:
+        """Rerun a worker if `status` says the job is not complete, publish the analysis with
+        `merge` as a user would, and compare every file with the clean run's."""
+        if self.cli(self.node(1), "status", "--job-dir", str(job)).returncode != 0:
+            outcome.counts["reruns"] += 1
+            rerun = self.worker(self.node(1), job, log, 0.0)
+            outcome.check(wait(rerun, 180) == 0, "a rerun worker did not complete the job")
+        out = job.parent / "analysis"
+        proc = self.cli(self.node(2), "merge", "--job-dir", str(job), "--output", str(out))
+        outcome.check(proc.returncode == 0, f"merge failed: {last_line(proc.stderr)}")
+        failed = job / "analysis-stage" / "failed.json"
+        outcome.check(self.node(0).run(["test", "-e", str(failed)]).returncode != 0, "the analysis recorded a failure")
+        if proc.returncode != 0:
+            return
+        got = json.loads(self.node(2).run([PY, "-c", ANALYSIS_INSPECT, str(out)], check=True, timeout=60).stdout)
+        exported = self.node(2).read_bytes(out / template.export)
+        ids = [orjson.loads(line)[META_FIELD]["row_id"] for line in exported.splitlines()]
+        outcome.rows_lost = len(set(template.row_ids) - set(ids))
+        outcome.rows_duplicated = len(ids) - len(set(ids))
+        differ = sorted(n for n in {*got, *template.files} if got.get(n) != template.files.get(n))
+        outcome.identical = not differ
+        outcome.check(outcome.identical, f"analysis files differ from the clean run's: {differ}")
+
     def trial_prepare_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         """A cooperative prepare on separate nodes, one participant killed (or frozen) in a phase."""
         return self.prepare_case(name, log_dir, self.draw_prepare_case(rng), rng)
@@ -1525,6 +1681,22 @@ def write_parquet_input(root: Path, rows: list[dict], group_rows: Sequence[int])
     return root
 
 
+def _same_overall(a: str, b: str, tolerance: float = 1e-9) -> bool:
+    """Two `overall.csv` texts with the same cells, floats within `tolerance` (relative or absolute)."""
+
+    def close(x: str, y: str) -> bool:
+        try:
+            u, v = float(x), float(y)
+        except ValueError:
+            return x == y
+        return math.isclose(u, v, rel_tol=tolerance, abs_tol=tolerance) or (math.isnan(u) and math.isnan(v))
+
+    rows_a, rows_b = list(csv.reader(a.splitlines())), list(csv.reader(b.splitlines()))
+    return [len(r) for r in rows_a] == [len(r) for r in rows_b] and all(
+        close(x, y) for ra, rb in zip(rows_a, rows_b) for x, y in zip(ra, rb)
+    )
+
+
 def _await_fault(proc: subprocess.Popen, stop: bool, timeout: float) -> bool:
     """Until `proc` stopped itself (`stop`) or died by SIGKILL at its crash point: True if it did,
     False if it ended otherwise (it never reached the point) or the timeout passed."""
@@ -1625,6 +1797,7 @@ class Summary:
             f"prepare_kills={c['prepare_kills']} prepare_stalls={c['prepare_stalls']} "
             f"dedup_kills={c['dedup_kills']} dedup_stalls={c['dedup_stalls']} "
             f"dedup_job_kills={c['dedup_job_kills']} dedup_job_stalls={c['dedup_job_stalls']} "
+            f"analysis_job_kills={c['analysis_job_kills']} analysis_job_stalls={c['analysis_job_stalls']} "
             f"slowed={c['slowed']} backups={c['backups']} backups_won={c['backups_won']} "
             f"parquet_jobs={c['parquet_jobs']} parquet_prepares={c['parquet_prepares']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
