@@ -2,7 +2,8 @@
 units claimed through `claims/units.py`, a participant killed at each crash point, a failing
 unit, a completed stage. Each participant is a real process over shard outputs written here as a
 worker collects them (each row's statistics and meta fields, `fakes.fake_analysis` of prose); the
-reference is one clean in-process run over the same shards."""
+reference is one clean in-process run over the same rows cut into other shards: the analysis is
+byte-identical whatever the cut."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from elastic_sharding.work.collect import collect
 from elastic_sharding.work.runners import AttemptContext
 
 ROWS, CUTS = 400, (0, 90, 200, 200, 310, 400)  # five shards, the third one empty
+REFERENCE_CUTS = (0, 57, 251, 400)  # three shards, cut elsewhere
 SPEC = AnalysisSpec(percentiles=[0.1, 0.9], save_stats_in_one_file=False, export_stem="prose", operators=[], skipped=[])
 LEASE_SECS = 10.0  # only a dead pid on this host is taken over here, at once: a long lease keeps a busy one safe
 CRASH_POINTS = [f"analysis-{phase}{end}" for phase in ("columns", "plan", "stats", "report") for end in ("", "-done")]
@@ -68,10 +70,11 @@ def corpus() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> dict[str, bytes]:
-    """The files of one clean in-process run over the same shards (bytes, not just values: a
-    different cut may merge a mean or a standard deviation to other last bits)."""
+    """The files of one clean in-process run over the same rows in other shards, which every run
+    must publish byte for byte (`index.html` too: these participants give it no notes, and so no
+    shard count)."""
     root = tmp_path_factory.mktemp("reference") / "stage"
-    shards = [corpus[a:b] for a, b in zip(CUTS, CUTS[1:])]
+    shards = [corpus[a:b] for a, b in zip(REFERENCE_CUTS, REFERENCE_CUTS[1:])]
     done = AnalysisParticipant(AnalysisLayout(root), SPEC, len(shards), lambda i: iter(shards[i]), LEASE_SECS, 0.3, 0.05).run()
     return published(root, done)
 
@@ -180,3 +183,30 @@ def test_a_completed_stage_is_not_run_again(tmp_path, corpus):
     ((code, again, _),) = finish([start(spec)])
     assert code == 0 and again == first
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
+
+
+def test_the_fault_matrix_compares_index_html_without_its_shard_count(tmp_path):
+    """The `analysis-job` fault kind compares each trial with one clean run at another shard count:
+    its digest of `index.html` leaves out the note that names the count, and nothing else."""
+    from types import SimpleNamespace
+
+    from support.fault_matrix import ANALYSIS_INSPECT
+
+    from elastic_sharding.analysis import html_index
+    from elastic_sharding.work.analysis import analysis_notes
+
+    def digests(name: str, shards: int, rows: int = ROWS) -> dict[str, str]:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "overall.csv").write_text(",a\ncount,3.0\nmean,1.5\n")
+        manifest = SimpleNamespace(total_rows=rows, dataset_root="/data/in.jsonl", shards=[None] * shards, analysis=SPEC)
+        html_index.write_index(directory, directory / "overall.csv", ["overall.csv"], "Analysis", analysis_notes(manifest))
+        assert f"in {shards} shard(s)" in (directory / "index.html").read_text()
+        inspect = subprocess.run(
+            [sys.executable, "-c", ANALYSIS_INSPECT, str(directory)], capture_output=True, text=True, check=True
+        )
+        return json.loads(inspect.stdout)
+
+    three = digests("three", 3)
+    assert digests("five", 5) == three
+    assert digests("other-rows", 3, ROWS + 1)["index.html"] != three["index.html"]

@@ -4,9 +4,9 @@ global step needs to describe, plot and correlate it, plus the column's values s
 Data-Juicer builds `pd.DataFrame(stats)` and `pd.DataFrame(meta)` over the whole dataset; what it
 then does to a column depends on the dtype pandas infers, which depends on every value of it. So a
 shard does not decide anything: it tallies the types it saw (`types`, and `elements` for the items
-of its lists) and the first valid one, and keeps every statistic that can be merged exactly or
-nearly so (counts, sums, M2, extremes, value counts, the sorted values); `overall.plan_columns`
-decides once all shards are in. `frame_dtype` is pandas' inference rule, written out from
+of its lists) and the first valid one, and keeps what merges exactly whatever the cut (counts,
+exact integer sums from `exact.py`, extremes, value counts, the sorted values);
+`overall.plan_columns` decides once all shards are in. `frame_dtype` is pandas' inference rule, written out from
 `lib.maybe_convert_objects` as measured on pandas 3.1.1 (the same rule for the frame constructor and
 for `infer_objects` after `explode`).
 """
@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from elastic_sharding.analysis import exact
 from elastic_sharding.errors import AnalysisError
 
 STATS_FIELD = "__dj__stats__"  # Data-Juicer's Fields.stats
 META_FIELD = "__dj__meta__"  # Data-Juicer's Fields.meta
 DEFAULT_PREFIX = "__dj__"  # OverallAnalysis keeps only the meta columns named with it
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2  # 2: exact integer sums instead of float sums, means and M2
 
 KINDS = ("none", "nan", "bool", "int", "float", "bigint", "str", "list", "other")
 NULL_KINDS = frozenset({"none", "nan"})
@@ -173,24 +174,15 @@ def _write_sorted(values: np.ndarray, path: Path) -> None:
 
 
 def _numeric(ordered: np.ndarray, file: str) -> dict[str, Any]:
-    """count, fsum, extremes and M2 of the shard's sorted numbers; a constant column gets its value
-    as mean and an M2 of exactly 0, so merging constant shards keeps a standard deviation of 0."""
-    finite = ordered[np.isfinite(ordered)]
-    total = math.fsum(finite)
-    if finite.size and finite[0] == finite[-1]:
-        mean, m2 = float(finite[0]), 0.0
-    elif finite.size:
-        mean = total / finite.size
-        centered = finite - mean
-        m2 = float(np.dot(centered, centered))
-    else:
-        mean, m2 = math.nan, math.nan
+    """count, extremes and the exact Σx and Σx² (`exact.encode`d) of the shard's sorted finite
+    numbers: integers that add up to the same totals however the rows are cut."""
+    finite = ordered[np.searchsorted(ordered, -np.inf, side="right") : np.searchsorted(ordered, np.inf, side="left")]
+    (s1,), (s2,) = exact.moments(finite.reshape(-1, 1), [(0, 0)])
     return {
         "count": int(ordered.size),
         "nonfinite": int(ordered.size - finite.size),
-        "sum": finite_or_none(total),
-        "mean": finite_or_none(mean),
-        "m2": finite_or_none(m2),
+        "s1": exact.encode(s1),
+        "s2": exact.encode(s2),
         "min": finite_or_none(ordered[0]),
         "max": finite_or_none(ordered[-1]),
         "file": file,
@@ -212,13 +204,14 @@ def summarize_shard(rows: Iterable[Mapping[str, Any]], directory: Path) -> dict[
 
     Summary: `version`, `rows`, `columns` (stats columns in order of first appearance, then meta
     columns named with `__dj__`), and `correlation` (`columns` and `kinds` of the stats columns
-    it correlates here, and their moments, see `correlation.shard_moments`). Per column: `source`,
+    it correlates here, and their exact sums, see `correlation.shard_moments`). Per column: `source`,
     `name`, `present` (rows holding the key; the others are missing, NaN to pandas), `types` and
     `elements` (tallies of `KINDS` over the values and over their lists' items), `empty_lists`,
     `first` (kind of the first non-missing value), `length` (values after `explode`, missing rows
     included), `count` (non-missing values after `explode`), `numeric` (None, or count, nonfinite,
-    sum, mean, m2, min, max and `file`: the sorted float64 values' file name), `values` ([value,
-    count] of its strings and booleans in order of first appearance)."""
+    s1 and s2: the exact Σx and Σx² of its finite values, `exact.encode`d, min, max and `file`:
+    the sorted float64 values' file name), `values` ([value, count] of its strings and booleans
+    in order of first appearance)."""
     from elastic_sharding.analysis.correlation import shard_moments  # correlation imports this module
 
     tables: dict[str, dict[str, _Column]] = {"stats": {}, "meta": {}}

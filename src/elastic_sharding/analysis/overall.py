@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 
 from elastic_sharding import fsops
-from elastic_sharding.analysis import select
-from elastic_sharding.analysis.columns import frame_dtype
-from elastic_sharding.errors import AnalysisError
+from elastic_sharding.analysis import exact, select
+from elastic_sharding.analysis.columns import SUMMARY_VERSION, frame_dtype
+from elastic_sharding.errors import AnalysisError, JobStateError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ def _merged(summaries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     appearance over the whole input (the frame constructor's column order)."""
     columns: dict[tuple[str, str], dict[str, Any]] = {}
     for shard, summary in enumerate(summaries):
+        if summary.get("version") != SUMMARY_VERSION:
+            raise JobStateError(
+                f"shard {shard}'s analysis summary is of format {summary.get('version')}, not {SUMMARY_VERSION}: "
+                "an older version began this analysis; remove its analysis-stage directory and run again"
+            )
         for column in summary["columns"]:
             merged = columns.setdefault(
                 (column["source"], column["name"]),
@@ -119,9 +124,9 @@ def plan_columns(summaries: list[dict]) -> list[dict]:
     """The columns Data-Juicer analyses, in its order, each with everything `column_result` needs:
     source, name, kind ("numeric", "categorical" or "bool": described as categorical, plotted as
     0/1), length (values after `explode`, NaN included: the histogram's bin count), count (values
-    described), sum, mean (sum / count), m2 (merged sum of squared deviations), min, max, files
-    ([shard index, file name] of the sorted values) and values ([value, count] in first-appearance
-    order, categorical and bool columns)."""
+    described), mean, std (None for fewer than two values), min, max, files ([shard index, file
+    name] of the sorted values) and values ([value, count] in first-appearance order, categorical
+    and bool columns)."""
     ordered, total_rows = _merged(summaries)
     planned = []
     for column in ordered:
@@ -149,26 +154,17 @@ def plan_columns(summaries: list[dict]) -> list[dict]:
 
 
 def _numeric_merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts and extremes add up; the sum is an fsum of the shards' fsums; M2 merges by Chan's formula."""
+    """Counts, extremes and the exact sums add up; the mean and the standard deviation (ddof=1,
+    as pandas) are computed once from the totals and rounded once, the same whatever the cut."""
     count = sum(part["count"] for part in parts)
     if not count:
-        return {"count": 0, "sum": None, "mean": None, "m2": None, "min": None, "max": None}
-    total = math.fsum(part["sum"] for part in parts)
-    n, mean, m2 = 0, 0.0, 0.0
-    for part in parts:
-        k, part_mean, part_m2 = part["count"], part["mean"], part["m2"]
-        if n == 0:
-            n, mean, m2 = k, part_mean, part_m2
-            continue
-        delta = part_mean - mean
-        m2 = m2 + part_m2 + delta * delta * n * k / (n + k)
-        mean = mean + delta * (k / (n + k)) if delta else mean
-        n += k
+        return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+    s1 = sum(exact.decode(part["s1"]) for part in parts)
+    s2 = sum(exact.decode(part["s2"]) for part in parts)
     return {
         "count": count,
-        "sum": total,
-        "mean": total / count,
-        "m2": m2,
+        "mean": exact.mean(s1, count),
+        "std": exact.std(s1, s2, count) if count >= 2 else None,
         "min": min(part["min"] for part in parts),
         "max": max(part["max"] for part in parts),
     }
@@ -222,7 +218,7 @@ def column_result(column: dict, shard_dirs: list[Path], percentiles: list[float]
     mean = math.nan if not count else column["mean"]
     if column["kind"] == "numeric":
         ps = describe_percentiles(percentiles)
-        std = math.sqrt(column["m2"] / (count - 1)) if count >= 2 else math.nan
+        std = _or_nan(column["std"])
         described = {"count": float(count), "mean": mean, "std": std, "min": _or_nan(column["min"])}
         for label, p in zip(percentile_labels(tuple(ps)), ps, strict=True):
             described[label] = select.quantile(arrays, count, p)
