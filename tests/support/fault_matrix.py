@@ -90,6 +90,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 TESTS = Path(__file__).resolve().parents[1]
 SRC = TESTS.parent / "src"
@@ -427,6 +428,15 @@ class Outcome:
     def check(self, condition: bool, problem: str) -> None:
         if not condition:
             self.problems.append(problem)
+
+
+class VictimRun(NamedTuple):
+    """A job run by a worker on every node, one of them the victim of a fault."""
+
+    job: Path
+    log: Path
+    codes: dict[int, int | None]  # each node's worker's exit code
+    stalled: bool  # the victim was frozen at its point and resumed after two leases
 
 
 class Harness:
@@ -1295,20 +1305,9 @@ class Harness:
             f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
             + (", together" if together else ""),
         )
-        job = self.cluster.mount / name / "job"
-        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
-        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
-        log = log_dir / "workers.log"
-        procs = {victim: self.worker(self.node(victim), job, log, 0.05, {"ELASTIC_SHARD_CRASH_AT": point})}
-        met = together or _await_fault(procs[victim], stop, DEDUP_EXIT_SECS)
-        procs.update({i: self.worker(self.node(i), job, log, 0.05) for i in range(len(self.cluster.nodes)) if i != victim})
-        if stop and (together and _await_fault(procs[victim], stop, DEDUP_EXIT_SECS) or met):
-            time.sleep(2 * DEDUP_LEASE + 1)
-            procs[victim].send_signal(signal.SIGCONT)
-            outcome.counts["dedup_job_stalls"] += 1
-        for proc in procs.values():
-            wait(proc, 180)
-        killed = procs[victim].returncode == -signal.SIGKILL
+        job, log, codes, stalled = self.workers_with_victim(name, template.job, log_dir, victim, point, stop, together)
+        outcome.counts["dedup_job_stalls"] += stalled
+        killed = codes[victim] == -signal.SIGKILL
         outcome.counts["dedup_job_kills"] += killed
         outcome.counts["dedup_job_takeovers"] += log.read_text(errors="replace").count("took over")
         self.compare_with = template.reference
@@ -1318,6 +1317,25 @@ class Harness:
         finally:
             self.compare_with = None
         return outcome
+
+    def workers_with_victim(
+        self, name: str, template: Path, log_dir: Path, victim: int, point: str, stop: bool, together: bool
+    ) -> VictimRun:
+        """A copy of the `template` job on the volume and a worker on every node, node `victim`'s
+        with the crash point `point` (started first, the others with it if `together`, else once it
+        met its fault); a victim frozen there is resumed after two leases."""
+        job = self.cluster.mount / name / "job"
+        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
+        self.node(0).run(["cp", "-a", str(template), str(job)], check=True)
+        log = log_dir / "workers.log"
+        procs = {victim: self.worker(self.node(victim), job, log, 0.05, {"ELASTIC_SHARD_CRASH_AT": point})}
+        met = together or _await_fault(procs[victim], stop, DEDUP_EXIT_SECS)
+        procs.update({i: self.worker(self.node(i), job, log, 0.05) for i in range(len(self.cluster.nodes)) if i != victim})
+        stalled = bool(stop and (together and _await_fault(procs[victim], stop, DEDUP_EXIT_SECS) or met))
+        if stalled:
+            time.sleep(2 * DEDUP_LEASE + 1)
+            procs[victim].send_signal(signal.SIGCONT)
+        return VictimRun(job, log, {i: wait(proc, 180) for i, proc in procs.items()}, stalled)
 
     def analysis_template(self, shards: int) -> AnalysisTemplate:
         """A `--analyze` job prepared once per shard count, with what the one clean run publishes."""
@@ -1381,18 +1399,8 @@ class Harness:
             f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
             + (", together" if together else ""),
         )
-        job = self.cluster.mount / name / "job"
-        self.node(0).run(["mkdir", "-p", str(job.parent)], check=True)
-        self.node(0).run(["cp", "-a", str(template.job), str(job)], check=True)
-        log = log_dir / "workers.log"
-        procs = {victim: self.worker(self.node(victim), job, log, 0.05, {"ELASTIC_SHARD_CRASH_AT": point})}
-        met = together or _await_fault(procs[victim], stop, DEDUP_EXIT_SECS)
-        procs.update({i: self.worker(self.node(i), job, log, 0.05) for i in range(len(self.cluster.nodes)) if i != victim})
-        if stop and (together and _await_fault(procs[victim], stop, DEDUP_EXIT_SECS) or met):
-            time.sleep(2 * DEDUP_LEASE + 1)
-            procs[victim].send_signal(signal.SIGCONT)
-            outcome.counts["analysis_job_stalls"] += 1
-        codes = {i: wait(proc, 180) for i, proc in procs.items()}
+        job, log, codes, stalled = self.workers_with_victim(name, template.job, log_dir, victim, point, stop, together)
+        outcome.counts["analysis_job_stalls"] += stalled
         killed = codes[victim] == -signal.SIGKILL
         outcome.counts["analysis_job_kills"] += killed
         outcome.counts["analysis_job_takeovers"] += log.read_text(errors="replace").count("analysis: took over")
