@@ -1300,16 +1300,9 @@ class Harness:
             point = f"{rng.choice(('claimed', 'processing', 'publishing', 'published'))}@{shards + rng.randint(1, 2)}"
         point += ":stop" if stop else ""
         together = rng.random() < 0.5
-        outcome = Outcome(
-            "dedup-job",
-            f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
-            + (", together" if together else ""),
+        outcome, (job, _, _, _) = self.victim_trial(
+            "dedup-job", name, template.job, log_dir, shards, victim, point, stop, together, "took over"
         )
-        job, log, codes, stalled = self.workers_with_victim(name, template.job, log_dir, victim, point, stop, together)
-        outcome.counts["dedup_job_stalls"] += stalled
-        killed = codes[victim] == -signal.SIGKILL
-        outcome.counts["dedup_job_kills"] += killed
-        outcome.counts["dedup_job_takeovers"] += log.read_text(errors="replace").count("took over")
         self.compare_with = template.reference
         try:
             expected = [orjson.loads(line)["id"] for line in template.reference.splitlines()]
@@ -1317,6 +1310,33 @@ class Harness:
         finally:
             self.compare_with = None
         return outcome
+
+    def victim_trial(
+        self,
+        kind: str,
+        name: str,
+        template: Path,
+        log_dir: Path,
+        shards: int,
+        victim: int,
+        point: str,
+        stop: bool,
+        together: bool,
+        takeover: str,
+    ) -> tuple[Outcome, VictimRun]:
+        """`workers_with_victim`, with the trial's outcome named and its `<kind>_stalls`, `_kills`
+        and `_takeovers` (log lines containing `takeover`) counted."""
+        outcome = Outcome(
+            kind,
+            f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
+            + (", together" if together else ""),
+        )
+        run = self.workers_with_victim(name, template, log_dir, victim, point, stop, together)
+        counter = kind.replace("-", "_")
+        outcome.counts[f"{counter}_stalls"] += run.stalled
+        outcome.counts[f"{counter}_kills"] += run.codes[victim] == -signal.SIGKILL
+        outcome.counts[f"{counter}_takeovers"] += run.log.read_text(errors="replace").count(takeover)
+        return outcome, run
 
     def workers_with_victim(
         self, name: str, template: Path, log_dir: Path, victim: int, point: str, stop: bool, together: bool
@@ -1394,16 +1414,9 @@ class Harness:
             point = f"{rng.choice(('claimed', 'processing', 'publishing', 'published'))}@{rng.randint(1, 2)}"
         point += ":stop" if stop else ""
         together = rng.random() < 0.5
-        outcome = Outcome(
-            "analysis-job",
-            f"x{shards}: node {victim} {'SIGSTOP' if stop else 'SIGKILL'} at {point.removesuffix(':stop')}"
-            + (", together" if together else ""),
+        outcome, (job, log, codes, _) = self.victim_trial(
+            "analysis-job", name, template.job, log_dir, shards, victim, point, stop, together, "analysis: took over"
         )
-        job, log, codes, stalled = self.workers_with_victim(name, template.job, log_dir, victim, point, stop, together)
-        outcome.counts["analysis_job_stalls"] += stalled
-        killed = codes[victim] == -signal.SIGKILL
-        outcome.counts["analysis_job_kills"] += killed
-        outcome.counts["analysis_job_takeovers"] += log.read_text(errors="replace").count("analysis: took over")
         # Frozen holding a shard's claim, the victim may find its attempt superseded once resumed and
         # exit 2 ("run the worker again"); frozen in the analysis, it must finish it with the others.
         allowed = {-signal.SIGKILL, 0, 2} if stop and not point.startswith("analysis-") else {-signal.SIGKILL, 0}
