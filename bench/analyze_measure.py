@@ -120,6 +120,10 @@ def compare_overall(ours: Path, theirs: Path, tolerance: float = TOLERANCE) -> d
     }
 
 
+def _time_and_memory(side: dict[str, Any]) -> str:
+    return f"{_secs(side['wall_secs'])}, {_mb(side['peak_bytes'])}"
+
+
 # -- the sides ----------------------------------------------------------------------------------------
 
 
@@ -319,28 +323,19 @@ def measure_analyze(b: Bench, s: Sizes, wanted: tuple[str, ...]) -> list[Result]
         dj = sides["dj"]
         label = f"analysis, {rows:,} rows: local --analyze --workers 2 vs dj-analyze default np={dj['cpus']}"
         r = Result.times("analyze_time", label, w2["wall_secs"], dj["wall_secs"], TIME_TARGET, dict(common))
-        r.details["shown"] = {
-            "ours": f"{_secs(w2['wall_secs'])}, {_mb(w2['peak_bytes'])}",
-            "baseline": f"{_secs(dj['wall_secs'])}, {_mb(dj['peak_bytes'])}",
-        }
+        r.details["shown"] = {"ours": _time_and_memory(w2), "baseline": _time_and_memory(dj)}
         results.append(r)
     if "analyze_ray" in wanted:
         ray = sides["dj_ray"]
         label = f"analysis, {rows:,} rows: local --analyze --workers 2 vs dj-analyze ray ({ray['cpus']} CPUs)"
         r = Result.times("analyze_ray", label, w2["wall_secs"], ray["wall_secs"], None, dict(common))
-        r.details["shown"] = {
-            "ours": f"{_secs(w2['wall_secs'])}, {_mb(w2['peak_bytes'])}",
-            "baseline": f"{_secs(ray['wall_secs'])}, {_mb(ray['peak_bytes'])}",
-        }
+        r.details["shown"] = {"ours": _time_and_memory(w2), "baseline": _time_and_memory(ray)}
         results.append(r)
     if "analyze_workers" in wanted:
         w1 = sides["ours_w1"]
         label = f"analysis, {rows:,} rows: local --analyze --workers 2 vs --workers 1 (t1 / t2)"
         r = Result.speedup("analyze_workers", label, w2["wall_secs"], w1["wall_secs"], None, dict(common))
-        r.details["shown"] = {
-            "ours": f"{_secs(w2['wall_secs'])}, {_mb(w2['peak_bytes'])}",
-            "baseline": f"{_secs(w1['wall_secs'])}, {_mb(w1['peak_bytes'])}",
-        }
+        r.details["shown"] = {"ours": _time_and_memory(w2), "baseline": _time_and_memory(w1)}
         results.append(r)
     if "analyze_exact" in wanted:
         main = same["ours_w2 == dj"]
