@@ -95,7 +95,7 @@ def publish_analysis(
     layout = JobLayout(Path(os.path.abspath(job_dir)))
     manifest = layout.load_manifest()
     directory = check_analysis_output(layout, output, output_format, create=False)
-    completed_outputs(layout, lock_timeout)  # every shard done, before any analysis work
+    shards = completed_outputs(layout, lock_timeout)  # every shard done, before any analysis work
     segment = job_segments(manifest)[-1]
     AnalysisWork(layout, manifest, segment, manifest.request.settings, stop).run()
     paths = AnalysisLayout(layout.analysis_stage)
@@ -104,7 +104,7 @@ def publish_analysis(
         raise JobStateError(f"{paths.done}: missing after the analysis ended; remove {paths.root} and run the finish again")
     export = directory / stats_export_name(manifest)
     if confined.lexists(export) and not overwrite:
-        record = verify_output(layout, export, False, completed_outputs(layout, lock_timeout), None, JSONL)
+        record = verify_output(layout, export, False, shards, None, JSONL)
         trusted: Trusted = {}
         log.info("%s is already this job's stats export", export)
     else:
