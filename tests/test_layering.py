@@ -20,6 +20,7 @@ ORDER = {
     "dependencies": 2,
     "dedup": 3,
     "analysis": 3,
+    "global_ops": 3.5,
     "prepare": 4,
     "work": 5,
     "finish": 6,

@@ -21,6 +21,7 @@ from elastic_sharding.dedup.rules import RAY_TWINS, SUPPORTED, DedupKind, DedupR
 from elastic_sharding.dependencies.operators import recipe_needs
 from elastic_sharding.dependencies.resolve import Found, check_needs, missing_line, refuse_missing
 from elastic_sharding.errors import RecipeError, UsageError
+from elastic_sharding.global_ops.registry import REFUSED, check_params, is_stage
 from elastic_sharding.records import PackageRecord, SegmentSpec
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,11 @@ class Recipe:
 
     @property
     def segments(self) -> list[SegmentSpec]:
-        """The recipe cut at each deduplicator that runs as a stage across all shards."""
+        """The recipe cut at each whole-dataset operator that runs as a stage across all shards."""
         segments: list[SegmentSpec] = []
         start, dedup = 0, None
         for position, (name, _params) in enumerate(self.ops):
-            if name in SUPPORTED:
+            if name in SUPPORTED or is_stage(name):
                 segments.append(SegmentSpec(len(segments), start, position, dedup))
                 start, dedup = position + 1, position
         segments.append(SegmentSpec(len(segments), start, len(self.config["process"]), dedup))
@@ -262,17 +263,19 @@ def check_with_engine(recipe: Recipe) -> None:
                 except RecipeError as exc:
                     raise RecipeError(f"{label}: {exc}") from None
             continue  # a deduplication stage across all shards (dedup/)
+        if name in REFUSED:
+            raise RecipeError(f"{label}: {REFUSED[name]}")
+        if is_stage(name, cls):
+            try:
+                check_params(name, params)
+            except RecipeError as exc:
+                raise RecipeError(f"{label}: {exc}") from None
+            continue  # a whole-dataset stage across all shards (global_ops/)
         for kind_name in GLOBAL_KINDS:
             if issubclass(cls, kinds[kind_name]):
                 raise RecipeError(
-                    f"{label}: is a {kind_name}, a whole-dataset operation that cannot run per shard"
-                    + (
-                        " (the deduplicators run across all shards are document_deduplicator, "
-                        "document_simhash_deduplicator and document_minhash_deduplicator)"
-                        if kind_name == "Deduplicator"
-                        else ""
-                    )
-                    + "; remove it from the recipe and run it on the merged output"
+                    f"{label}: is a {kind_name} that is not run across shards (docs/guides/whole-dataset-operators.md "
+                    "lists, operator by operator, what is); remove it from the recipe and run it on the merged output"
                 )
         if is_global_operation(cls):
             raise RecipeError(

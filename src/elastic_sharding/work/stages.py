@@ -27,6 +27,10 @@ from elastic_sharding.dedup.cooperate import KEEP, StageParticipant
 from elastic_sharding.dedup.rules import DedupRule
 from elastic_sharding.dedup.stage import DedupPlan, DedupStage
 from elastic_sharding.errors import IntegrityError, JobStateError
+from elastic_sharding.global_ops.cooperate import GlobalParticipant
+from elastic_sharding.global_ops.operators import StageContext
+from elastic_sharding.global_ops.registry import build as build_global
+from elastic_sharding.global_ops.registry import is_stage
 from elastic_sharding.layout import JobLayout, StageLayout, processed_file
 from elastic_sharding.records import ROW_KEY, CompletionRecord, KeptShard, Manifest, SegmentSpec, ShardSpec, load
 from elastic_sharding.settings import Settings
@@ -112,25 +116,44 @@ class StageWork:
         self.layout = layout
         self.output = SegmentOutput(layout, previous, previous_manifest)
         self.next_layout = layout.segment(segment.index)
-        self.shard_ids = [spec.shard_id for spec in previous_manifest.shards]
         name, params = process[segment.dedup_op]
-        rule = DedupRule(name, params)
-        op = rule.build()
-        # The plan must be the same for every participant before the first key file exists: it
-        # is sized by the job's input rows, a bound the previous segment's outputs rarely exceed.
-        plan = DedupPlan.for_rows(rule, rule.fanout(op), len(manifest.shards), manifest.total_rows)
-        self.stage = DedupStage(layout.stage_dir(segment.index), plan)
-        self.participant = StageParticipant(
-            self.stage,
-            self._rows,
-            settings.lock_timeout_secs,
-            settings.heartbeat_interval_secs,
-            min(settings.poll_interval_secs, 0.5),
-            stop,
-            what=f"dedup stage {segment.index} ({name})",
-            keep=self._keep,
-            op=op,
-        )
+        self.shard_ids = [spec.shard_id for spec in previous_manifest.shards]
+        root = layout.stage_dir(segment.index)
+        lease, beat, poll = settings.lock_timeout_secs, settings.heartbeat_interval_secs, min(settings.poll_interval_secs, 0.5)
+        self.participant: StageParticipant | GlobalParticipant
+        if is_stage(name):
+            op = build_global(name, params)
+            ctx = StageContext(root, len(manifest.shards), manifest.total_bytes)
+            self.participant = GlobalParticipant(
+                op,
+                ctx,
+                self._parsed_rows,
+                self._shard_rows,
+                self._write_next,
+                lease,
+                beat,
+                poll,
+                stop,
+                what=f"stage {segment.index} ({name})",
+            )
+        else:
+            rule = DedupRule(name, params)
+            dedup_op = rule.build()
+            # The plan must be the same for every participant before the first key file exists: it
+            # is sized by the job's input rows, a bound the previous segment's outputs rarely exceed.
+            plan = DedupPlan.for_rows(rule, rule.fanout(dedup_op), len(manifest.shards), manifest.total_rows)
+            self.stage = DedupStage(root, plan)
+            self.participant = StageParticipant(
+                self.stage,
+                self._rows,
+                lease,
+                beat,
+                poll,
+                stop,
+                what=f"dedup stage {segment.index} ({name})",
+                keep=self._keep,
+                op=dedup_op,
+            )
         self.host = socket.gethostname()
 
     def help(self) -> bool:
@@ -141,7 +164,7 @@ class StageWork:
         started = time.monotonic()
         done = self.participant.run()
         log.info(
-            "dedup stage %d done here in %.1fs (%d bucket records, %d rounds)",
+            "stage %d done here in %.1fs (%d records, %d rounds)",
             self.index,
             time.monotonic() - started,
             done.bucket_records,
@@ -151,20 +174,31 @@ class StageWork:
     def _rows(self, shard_index: int) -> Iterator[dict]:
         return (orjson.loads(line) for line in self.output.lines(shard_index))
 
+    def _parsed_rows(self, shard_index: int) -> Iterator[tuple[bytes, dict]]:
+        return ((line, orjson.loads(line)) for line in self.output.lines(shard_index))
+
+    def _shard_rows(self) -> list[int]:
+        return [self.output.source(i)[2] for i in range(len(self.shard_ids))]
+
     def _keep(self, shard_index: int, drops: np.ndarray) -> KeptShard:
+        dropped = set(drops.tolist())
+        lines = (line for row, line in enumerate(self.output.lines(shard_index)) if row not in dropped)
+        return self._write_next(shard_index, lines)
+
+    def _write_next(self, shard_index: int, lines: Iterator[bytes]) -> KeptShard:
+        """The one step every stage ends with: shard `shard_index` of the next segment, written
+        create-once from `lines` (each kept row's index as its ordering key when that segment has
+        operators to run), and the record that publishes it."""
         started = time.time()
         shard_id = self.shard_ids[shard_index]
         target = self.next_layout.shard_input(shard_id)
         fsops.ensure_dir(self.next_layout.shards_dir)
         _, input_sha256, input_rows, _ = self.output.source(shard_index)
         keyed = self.segment.has_ops
-        dropped = set(drops.tolist())
         digest = hashlib.sha256()
         rows = size = 0
         with fsops.atomic_output(target) as out:
-            for row, line in enumerate(self.output.lines(shard_index)):
-                if row in dropped:
-                    continue
+            for line in lines:
                 data = (with_row_key(rows, line) if keyed else line) + b"\n"
                 out.write(data)
                 digest.update(data)
