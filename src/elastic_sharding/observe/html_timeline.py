@@ -37,9 +37,9 @@ CHAR_W = 6.6  # average advance of the 11px bar font, to decide whether a label 
 LANE_LABEL_CHARS = 21
 TITLE_ERROR_CHARS = 400
 # Unit bars: a done unit in its phase's colour, a held one striped, a stale one hatched like an attempt.
-PHASE_COLOURS = {"keys": "#8250df", "buckets": "#bf3989", "components": "#1b7c83", "keep": "#9a6700"}
+PHASE_COLOURS = {"keys": "#8250df", "buckets": "#bf3989", "components": "#1b7c83", "place": "#0969da", "keep": "#9a6700"}
 UNIT_FILL = {"held": "url(#unit-held)", "stale": "url(#stale-hatch)", "failed": "#cf222e"}
-PHASE_LETTER = {"keys": "k", "buckets": "b", "components": "c", "keep": "K"}
+PHASE_LETTER = {"keys": "k", "buckets": "b", "components": "c", "place": "p", "keep": "K"}
 
 
 def _fmt_elapsed(secs: float, fraction: bool = False) -> str:

@@ -46,13 +46,14 @@ from elastic_sharding.records import DedupStageDone, DedupUnitDone, KeptShard, S
 log = logging.getLogger(__name__)
 
 
-# `dedup/cooperate.py`'s PHASES, in order (not imported: that module needs numpy, status does not).
-KEYS, BUCKETS, COMPONENTS, KEEP = "keys", "buckets", "components", "keep"
-PHASES = (KEYS, BUCKETS, COMPONENTS, KEEP)
+# The phases of `dedup/cooperate.py` and `global_ops/cooperate.py`, in order (not imported: those
+# modules need numpy, status does not). A stage has the ones its operator needs.
+KEYS, BUCKETS, COMPONENTS, PLACE, KEEP = "keys", "buckets", "components", "place", "keep"
+PHASES = (KEYS, BUCKETS, COMPONENTS, PLACE, KEEP)
 WAITING, RUNNING, DONE, FAILED = "waiting", "running", "done", "failed"
 STAGE_STATES = (WAITING, RUNNING, DONE, FAILED)
 UNIT_OUTCOMES = ("done", "held", "stale", "failed")
-_UNIT_RE = re.compile(r"^(?P<phase>keys|buckets|components|keep)-(?:r(?P<round>[0-9]{4,})-)?(?P<index>[0-9]{5,})$")
+_UNIT_RE = re.compile(r"^(?P<phase>keys|buckets|components|place|keep)-(?:r(?P<round>[0-9]{4,})-)?(?P<index>[0-9]{5,})$")
 # The header of `dedup/arrays.py`'s record files: magic, number of partitions, dtype length.
 RECORD_MAGIC = b"ESDDREC1"
 _RECORD_HEAD = struct.Struct("<8sQQ")
@@ -254,6 +255,9 @@ def read_stage(
         units[phase].held = sum(v.outcome in ("held", "stale") for v in mine)
     units[KEYS].total = units[KEEP].total = num_shards
     units[BUCKETS].total = _partitions(files.root / "keys")
+    if units[BUCKETS].total is None and complete is not None:
+        units[BUCKETS].total = len(by_phase[BUCKETS])  # a whole-dataset operator's stage: its units are all there
+    units[PLACE].total = num_shards if by_phase[PLACE] else 0 if complete is not None else None
     if complete is not None and complete.rounds == 0:
         units[COMPONENTS].total = 0
     elif by_phase[COMPONENTS] or (complete is not None and complete.rounds > 0):
@@ -270,6 +274,8 @@ def read_stage(
         round_number = None
         if complete is not None:
             phase = KEEP
+        elif by_phase[PLACE]:
+            phase = PLACE
         elif by_phase[COMPONENTS]:
             phase, round_number = COMPONENTS, current_round
         elif by_phase[BUCKETS] or units[KEYS].done >= num_shards:
