@@ -41,6 +41,10 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               (keys, buckets, keep; before or after the unit's work) or of a shard of the
               segment after it; the job is finished as a user would and the merged output must be
               the clean run's, byte for byte
+  global-job  the same with three whole-dataset stages (global_ops/: key_value_grouper, whose rows
+              leave their shards, naive_reverse_grouper in place, a topk selector reordering every
+              row): a worker killed or frozen at a crash point of a stage (keys, buckets, place,
+              keep) or of a shard of a segment after one; the merged output must be the clean run's
   analysis-job  a `--analyze` job (fake processing that writes every row's statistics, the real
               analysis), a worker on every node: one of them killed, or frozen for two leases, at a
               crash point of the analysis (columns, plan, stats, report; before or after the unit's
@@ -151,6 +155,7 @@ KINDS = {
     "prepare-kill": 2,
     "dedup-kill": 2,
     "dedup-job": 2,
+    "global-job": 2,
     "analysis-job": 2,
     "slow": 2,
 }
@@ -212,6 +217,24 @@ DEDUP_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "com
 DEDUP_EXIT_SECS = 120
 DEDUP_JOB_SHARDS = (3, 5)
 DEDUP_JOB_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "keep") for end in ("", "-done"))
+# A job with three whole-dataset stages (global_ops/): a group-by whose rows leave their shards,
+# its inverse in place, and a ranking selector that reorders every row.
+GLOBAL_JOB_POINTS = tuple(f"global-{phase}{end}" for phase in ("keys", "buckets", "place", "keep") for end in ("", "-done"))
+GLOBAL_JOB_RECIPE = """\
+executor_type: ray
+ray_address: local
+dataset_path: {dataset}
+process:
+  - whitespace_normalization_mapper:
+  - key_value_grouper:
+      group_by_keys: [bucket]
+  - naive_reverse_grouper:
+  - topk_specified_field_selector:
+      field_key: id
+      top_ratio: 0.8
+  - text_length_filter:
+      min_len: 5
+"""
 # A `--analyze` job over the dedup kinds' prose: the recipe's filters are what prepare keeps (the
 # fake computes its own statistics, `fakes.fake_analysis`), the rest is skipped as dj-analyze skips it.
 # The trials' shard counts, and the one clean run's every trial is compared with: a count no trial
@@ -457,7 +480,7 @@ class Harness:
         self._parquet_templates: dict[int, Template] = {}
         self._prepare_references: dict[bool, PrepareReference] = {}
         self._dedup_expected: dict[int, list[int]] = {}
-        self._dedup_jobs: dict[int, Template] = {}
+        self._stage_jobs: dict[tuple[str, int], Template] = {}
         self._analysis_jobs: dict[int, AnalysisTemplate] = {}
         self._analysis_clean: tuple[dict[str, str], str, list[int]] | None = None
         self.compare_with: bytes | None = None
@@ -1262,14 +1285,17 @@ class Harness:
         outcome.check(outcome.identical is True, "a participant read other rows than one Data-Juicer run keeps")
         return outcome
 
-    def dedup_job_template(self, shards: int) -> Template:
-        """A job whose recipe has a deduplicator, prepared once per shard count, with its clean
-        result from one fake worker on local disk."""
-        if shards not in self._dedup_jobs:
-            data = write_jsonl(self.workdir / "dedup-job-input.jsonl", prose_rows(DEDUP_ROWS, seed=7))
-            recipe = self.workdir / "dedup-job-recipe.yaml"
-            recipe.write_text(DEDUP_RECIPE.format(dataset=data))
-            job = self.workdir / f"dedup-job-template-{shards}"
+    def job_template(self, kind: str, shards: int) -> Template:
+        """A job of the `dedup-job` or `global-job` kind, prepared once per shard count, with its
+        clean result from one fake worker on local disk."""
+        if (kind, shards) not in self._stage_jobs:
+            rows = prose_rows(DEDUP_ROWS, seed=7)
+            if kind == "global-job":
+                rows = [dict(row, bucket=row["id"] * 7 % 11) for row in rows]
+            data = write_jsonl(self.workdir / f"{kind}-input.jsonl", rows)
+            recipe = self.workdir / f"{kind}-recipe.yaml"
+            recipe.write_text((GLOBAL_JOB_RECIPE if kind == "global-job" else DEDUP_RECIPE).format(dataset=data))
+            job = self.workdir / f"{kind}-template-{shards}"
             settings = Settings(
                 lock_timeout_secs=DEDUP_LEASE,
                 max_retries=6,
@@ -1278,30 +1304,38 @@ class Harness:
                 ray_address="local",
             )
             prepare(PrepareRequest(recipe, None, job, shards, settings), quiet=True)
-            clean = self.workdir / f"dedup-job-clean-{shards}"
+            clean = self.workdir / f"{kind}-clean-{shards}"
             shutil.copytree(job, clean, symlinks=True)
             if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
-                raise AssertionError("the clean run of the deduplicating job failed")
-            out = self.workdir / f"dedup-job-clean-{shards}.jsonl"
+                raise AssertionError(f"the clean run of the {kind} job failed")
+            out = self.workdir / f"{kind}-clean-{shards}.jsonl"
             merge(clean, out)
-            self._dedup_jobs[shards] = Template(shards, job, out.read_bytes())
-        return self._dedup_jobs[shards]
+            self._stage_jobs[kind, shards] = Template(shards, job, out.read_bytes())
+        return self._stage_jobs[kind, shards]
 
     def trial_dedup_job(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         """A job with a deduplication stage between two segments, one worker killed or frozen in
         the stage or in a shard of the segment after it."""
+        return self.stage_job_trial("dedup-job", DEDUP_JOB_POINTS, name, log_dir, rng)
+
+    def trial_global_job(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A job with three whole-dataset stages, one worker killed or frozen in a stage's unit
+        or in a shard of a segment after one."""
+        return self.stage_job_trial("global-job", GLOBAL_JOB_POINTS, name, log_dir, rng)
+
+    def stage_job_trial(self, kind: str, points: tuple[str, ...], name: str, log_dir: Path, rng: random.Random) -> Outcome:
         shards = rng.choice(DEDUP_JOB_SHARDS)
-        template = self.dedup_job_template(shards)
+        template = self.job_template(kind, shards)
         victim = rng.randrange(len(self.cluster.nodes))
         stop = rng.random() < 0.3
         if rng.random() < 0.75:
-            point = rng.choice(DEDUP_JOB_POINTS) + f"@{rng.choice((1, 1, 2))}"
+            point = rng.choice(points) + f"@{rng.choice((1, 1, 2))}"
         else:  # a shard of the segment after the stage: the victim's (shards + n)-th time there
             point = f"{rng.choice(('claimed', 'processing', 'publishing', 'published'))}@{shards + rng.randint(1, 2)}"
         point += ":stop" if stop else ""
         together = rng.random() < 0.5
         outcome, (job, _, _, _) = self.victim_trial(
-            "dedup-job", name, template.job, log_dir, shards, victim, point, stop, together, "took over"
+            kind, name, template.job, log_dir, shards, victim, point, stop, together, "took over"
         )
         self.compare_with = template.reference
         try:

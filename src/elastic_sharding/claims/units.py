@@ -32,7 +32,7 @@ from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
 from elastic_sharding.claims.protocol import new_token, remove_if_token
 from elastic_sharding.claims.takeover import StalenessObserver
 from elastic_sharding.errors import ElasticShardError
-from elastic_sharding.records import StageFailure, UnitClaim, decode, encode
+from elastic_sharding.records import DedupUnitDone, KeptShard, StageFailure, UnitClaim, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,11 @@ class Units:
                 time.sleep(self.poll_secs)
 
 
+def unit_index(name: str) -> int:
+    """The index a unit's name ends with (`StageLayout.unit_name`)."""
+    return int(name.rsplit("-", 1)[1])
+
+
 class SharedStage:
     """One process's share of a whole-dataset stage: phases of units (each phase complete before
     the next begins), where a unit that raises publishes `failed` create-once and every
@@ -234,6 +239,32 @@ class SharedStage:
                 self.units.complete(name, token, self.guarded(do), crash_point)
                 return True
         return False
+
+    def counted(self, do: Callable[[int], int | KeptShard]) -> Callable[[str], bytes]:
+        """A unit's work by its index, and its result record: a kept shard, or the count it made."""
+
+        def run(name: str) -> bytes:
+            started = time.monotonic()
+            count = do(unit_index(name))
+            if isinstance(count, KeptShard):
+                return encode(count)
+            return encode(DedupUnitDone(name, count, self.units.host, self.units.pid, round(time.monotonic() - started, 3)))
+
+        return run
+
+    def count(self, names: list[str]) -> int:
+        """The sum of the counts the units `names` published (every one of them done)."""
+        total = 0
+        for name in names:
+            path = self.paths.result(name)
+            record = fsops.read_record(path, lambda data, path=path: decode(DedupUnitDone, data, path))
+            if record is None:
+                raise errors.JobStateError(
+                    f"{path}: missing; the stage is incomplete: remove its directory (stages/<k>/ of the job) and every "
+                    "later stages/<j>/, then run the workers again"
+                )
+            total += record.count
+        return total
 
     def guarded(self, do: Callable[[str], bytes]) -> Callable[[str], bytes]:
         def run(name: str) -> bytes:

@@ -18,21 +18,18 @@ still waiting for the last shards of the previous segment hashes the finished on
 
 from __future__ import annotations
 
-import os
-import socket
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from elastic_sharding import fsops
-from elastic_sharding.claims.units import SharedStage
+from elastic_sharding.claims.units import SharedStage, unit_index
 from elastic_sharding.dedup.arrays import STAGE_AND_AFTER
 from elastic_sharding.dedup.stage import DedupStage
 from elastic_sharding.errors import JobStateError
 from elastic_sharding.layout import StageLayout
-from elastic_sharding.records import DedupStageDone, DedupUnitDone, KeptShard, decode, encode
+from elastic_sharding.records import DedupStageDone, KeptShard, decode, encode
 
 KEYS, BUCKETS, COMPONENTS, KEEP = "keys", "buckets", "components", "keep"
 PHASES = (KEYS, BUCKETS, COMPONENTS, KEEP)
@@ -69,8 +66,6 @@ class StageParticipant:
         self.paths = stage.files
         self.shared = SharedStage(self.paths, what, lease_secs, heartbeat_secs, poll_secs, stop)
         self.units = self.shared.units
-        self.host = socket.gethostname()
-        self.pid = os.getpid()
         self._op: Any = op
 
     def run(self) -> DedupStageDone:
@@ -83,7 +78,7 @@ class StageParticipant:
             keep = self.keep
             names = [unit_name(KEEP, i) for i in range(self.stage.plan.num_shards)]
             drops = self.stage.drops
-            self.shared.run_phase(names, self._counted(lambda i: keep(i, drops(i, done.final_round))), f"dedup-{KEEP}")
+            self.shared.run_phase(names, self.shared.counted(lambda i: keep(i, drops(i, done.final_round))), f"dedup-{KEEP}")
         return done
 
     def help_with_keys(self, ready: Callable[[int], bool]) -> bool:
@@ -91,7 +86,9 @@ class StageParticipant:
         if read_done(self.paths) is not None:
             return False
         names = [unit_name(KEYS, i) for i in range(self.stage.plan.num_shards)]
-        return self.shared.help_once(names, lambda name: ready(_index(name)), self._counted(self._keys), f"dedup-{KEYS}")
+        return self.shared.help_once(
+            names, lambda name: ready(unit_index(name)), self.shared.counted(self._keys), f"dedup-{KEYS}"
+        )
 
     def _find_duplicates(self) -> DedupStageDone:
         plan = self.stage.plan
@@ -116,20 +113,8 @@ class StageParticipant:
     def _phase(self, phase: str, count: int, do: Callable[[int], int], round_number: int | None = None) -> int:
         """Run a phase's units to completion; the sum of their counts."""
         names = [unit_name(phase, i, round_number) for i in range(count)]
-        self.shared.run_phase(names, self._counted(do), f"dedup-{phase}")
-        return sum(self._result(name).count for name in names)
-
-    def _counted(self, do: Callable[[int], int | KeptShard]) -> Callable[[str], bytes]:
-        """A unit's work by its index, and its result record: a kept shard, or the count it made."""
-
-        def run(name: str) -> bytes:
-            started = time.monotonic()
-            count = do(_index(name))
-            if isinstance(count, KeptShard):
-                return encode(count)
-            return encode(DedupUnitDone(name, count, self.host, self.pid, round(time.monotonic() - started, 3)))
-
-        return run
+        self.shared.run_phase(names, self.shared.counted(do), f"dedup-{phase}")
+        return self.shared.count(names)
 
     def _keys(self, shard_index: int) -> int:
         if self._op is None:
@@ -141,14 +126,3 @@ class StageParticipant:
 
     def _round(self, round_number: int, part: int) -> int:
         return self.stage.run_round(round_number, part)
-
-    def _result(self, name: str) -> DedupUnitDone:
-        path = self.paths.result(name)
-        record = fsops.read_record(path, lambda data: decode(DedupUnitDone, data, path))
-        if record is None:
-            raise JobStateError(f"{path}: missing; the stage is incomplete: remove {STAGE_AND_AFTER}")
-        return record
-
-
-def _index(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])

@@ -7,17 +7,14 @@ hand each shard of the next segment its rows through the caller's `keep`.
 
 from __future__ import annotations
 
-import os
-import socket
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 from elastic_sharding import fsops
-from elastic_sharding.claims.units import SharedStage
+from elastic_sharding.claims.units import SharedStage, unit_index
 from elastic_sharding.global_ops import files
 from elastic_sharding.global_ops.operators import GlobalOp, Row, StageContext
 from elastic_sharding.layout import StageLayout
-from elastic_sharding.records import DedupStageDone, DedupUnitDone, KeptShard, decode, encode
+from elastic_sharding.records import DedupStageDone, KeptShard, decode, encode
 
 KEYS, BUCKETS, PLACE, KEEP = "keys", "buckets", "place", "keep"
 unit_name = StageLayout.unit_name
@@ -54,8 +51,6 @@ class GlobalParticipant:
         self.keep = keep
         self.paths = StageLayout(ctx.root)
         self.shared = SharedStage(self.paths, what, lease_secs, heartbeat_secs, poll_secs, stop)
-        self.host = socket.gethostname()
-        self.pid = os.getpid()
 
     def run(self) -> DedupStageDone:
         done = read_done(self.paths)
@@ -64,7 +59,7 @@ class GlobalParticipant:
         if done is None:
             done = self._prepare()
         names = [unit_name(KEEP, i) for i in range(self.ctx.num_shards)]
-        self.shared.run_phase(names, self._result(self._keep_one), f"global-{KEEP}")
+        self.shared.run_phase(names, self.shared.counted(self._keep_one), f"global-{KEEP}")
         return done
 
     def help_with_keys(self, ready: Callable[[int], bool]) -> bool:
@@ -72,7 +67,9 @@ class GlobalParticipant:
         if not self.op.has_keys or read_done(self.paths) is not None:
             return False
         names = [unit_name(KEYS, i) for i in range(self.ctx.num_shards)]
-        return self.shared.help_once(names, lambda name: ready(_index(name)), self._result(self._keys), f"global-{KEYS}")
+        return self.shared.help_once(
+            names, lambda name: ready(unit_index(name)), self.shared.counted(self._keys), f"global-{KEYS}"
+        )
 
     def _prepare(self) -> DedupStageDone:
         count = 0
@@ -88,8 +85,8 @@ class GlobalParticipant:
     def _phase(self, phase: str, count: int, do: Callable[[int], int]) -> int:
         names = [unit_name(phase, i) for i in range(count)]
         if names:
-            self.shared.run_phase(names, self._result(do), f"global-{phase}")
-        return sum(self._count(name) for name in names)
+            self.shared.run_phase(names, self.shared.counted(do), f"global-{phase}")
+        return self.shared.count(names)
 
     def _keys(self, shard_index: int) -> int:
         return self.op.keys(self.ctx, shard_index, (row for _line, row in self.rows_of(shard_index)))
@@ -109,22 +106,3 @@ class GlobalParticipant:
         else:
             lines = self.op.apply(self.ctx, target, self.rows_of(target))
         return self.keep(target, lines)
-
-    def _result(self, do: Callable[[int], int | KeptShard]) -> Callable[[str], bytes]:
-        def run(name: str) -> bytes:
-            started = time.monotonic()
-            count = do(_index(name))
-            if isinstance(count, KeptShard):
-                return encode(count)
-            return encode(DedupUnitDone(name, count, self.host, self.pid, round(time.monotonic() - started, 3)))
-
-        return run
-
-    def _count(self, name: str) -> int:
-        path = self.paths.result(name)
-        record = fsops.read_record(path, lambda data: decode(DedupUnitDone, data, path))
-        return record.count if record is not None else 0
-
-
-def _index(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])

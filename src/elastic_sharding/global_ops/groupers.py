@@ -46,7 +46,9 @@ class KeyValueGrouper(GlobalOp):
         records["pos"] = position(shard_index, 0) + np.arange(len(records))
         _, first = np.unique(np.stack([records["k1"], records["k2"]], axis=1), axis=0, return_index=True)
         firsts = records[np.sort(first)]
-        files.write_records(ctx.shard_file("keys", shard_index, ".rec"), firsts, buckets.bucket_parts(firsts, ctx.parts), ctx.parts)
+        files.write_records(
+            ctx.shard_file("keys", shard_index, ".rec"), firsts, buckets.bucket_parts(firsts, ctx.parts), ctx.parts
+        )
         return len(firsts)
 
     def reduce(self, ctx: StageContext, unit: int) -> int:
