@@ -12,7 +12,13 @@ that the operator's `process` would group are brought into one partition:
   bucket per choice of that many blocks holds every such pair (the pairs are checked exactly);
 - `document_minhash_deduplicator` connects rows that share any band bucket: the bucket is the
   band's index and bytes (a 128-bit BLAKE2b digest of them, so a false collision has a chance of
-  about one in 2**100 even for a billion rows).
+  about one in 2**100 even for a billion rows);
+- `image_deduplicator` and `video_deduplicator` keep the first row of each key, where the key is
+  the media hash (the images' concatenated perceptual hashes, the md5 of the video packets) or,
+  with `consider_text`, the pair (media hash, text md5). Keys have no fixed length, so the bucket
+  is a 128-bit BLAKE2b digest of an unambiguous encoding of the key. Their `process` keeps every
+  row whose key is falsy: without `consider_text` a row with no image or video (hash "") takes no
+  part and gets no record; a pair is never falsy, so with it every row takes part.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ SUPPORTED = {
     "document_deduplicator": DedupKind.EXACT,
     "document_simhash_deduplicator": DedupKind.SIMHASH,
     "document_minhash_deduplicator": DedupKind.MINHASH,
+    "image_deduplicator": DedupKind.EXACT,
+    "video_deduplicator": DedupKind.EXACT,
 }
 
 # Data-Juicer's Ray-only deduplicators keep whichever duplicate reaches their shared state first,
@@ -49,9 +57,21 @@ RAY_TWINS = {
     "ray_document_deduplicator": "document_deduplicator",
     "ray_bts_minhash_deduplicator": "document_minhash_deduplicator",
     "ray_bts_minhash_cpp_deduplicator": "document_minhash_deduplicator",
+    "ray_image_deduplicator": "image_deduplicator",
+    "ray_video_deduplicator": "video_deduplicator",
 }
 
-HASH_FIELDS = {DedupKind.EXACT: "__dj__hash", DedupKind.SIMHASH: "__dj__simhash", DedupKind.MINHASH: "__dj__minhash"}
+# The field each operator's compute_hash fills (Data-Juicer's HashKeys), checked on its output.
+HASH_FIELDS = {
+    "document_deduplicator": "__dj__hash",
+    "document_simhash_deduplicator": "__dj__simhash",
+    "document_minhash_deduplicator": "__dj__minhash",
+    "image_deduplicator": "__dj__imagehash",
+    "video_deduplicator": "__dj__videohash",
+}
+# The operators whose key is a media hash, paired with the text md5 under `consider_text`.
+MEDIA_DEDUPLICATORS = frozenset({"image_deduplicator", "video_deduplicator"})
+TEXT_HASH_FIELD = HASH_FIELDS["document_deduplicator"]
 
 SIMHASH_DEFAULTS = {"num_blocks": 6, "hamming_distance": 4}
 
@@ -93,10 +113,18 @@ class DedupRule:
             return int(op.num_bands)
         return 1
 
+    def hash_fields(self, op: Any) -> tuple[str, ...]:
+        """The fields of compute_hash's output the key is made of, in the order `process` reads them."""
+        field_name = HASH_FIELDS[self.name]
+        if self.name in MEDIA_DEDUPLICATORS and getattr(op, "consider_text", False):
+            return field_name, TEXT_HASH_FIELD
+        return (field_name,)
+
     def key_records(self, op: Any, rows: Iterable[dict], shard_index: int) -> np.ndarray:
         """The bucket records of one shard's rows, in row order; `op` is `self.build()`."""
-        hash_field = HASH_FIELDS[self.kind]
-        hashes = []
+        fields = self.hash_fields(op)
+        media = self.name in MEDIA_DEDUPLICATORS
+        hashes: list[Any] = []
         for row_index, row in enumerate(rows):
             try:
                 sample = op.compute_hash(dict(row))
@@ -105,18 +133,46 @@ class DedupRule:
                     f"{self.name}: Data-Juicer's compute_hash failed on row {row_index + 1} of shard {shard_index}: "
                     f"{type(exc).__name__}: {exc}; fix the data or the recipe"
                 ) from None
-            if not isinstance(sample, dict) or not isinstance(sample.get(hash_field), (str, list)):
+            kinds = (str,) if media else (str, list)
+            missing = [f for f in fields if not isinstance(sample, dict) or not isinstance(sample.get(f), kinds)]
+            if missing:
+                source = "media files or text field" if media else "text field"
                 raise RecipeError(
-                    f"{self.name}: Data-Juicer's compute_hash gave no {hash_field} for row {row_index + 1} of shard "
-                    f"{shard_index} (is its text field missing or not a string?); fix the data or the recipe"
+                    f"{self.name}: Data-Juicer's compute_hash gave no {missing[0]} for row {row_index + 1} of shard "
+                    f"{shard_index} (is its {source} missing or of the wrong type?); fix the data or the recipe"
                 )
-            hashes.append(sample[hash_field])
+            hashes.append(tuple(sample[f] for f in fields) if len(fields) > 1 else sample[fields[0]])
         base = position(shard_index, 0)
+        if media:
+            return _media_records(hashes, base)
         if self.kind == DedupKind.EXACT:
             return _exact_records(hashes, base)
         if self.kind == DedupKind.SIMHASH:
             return _simhash_records(hashes, base, *self.simhash_blocks())
         return _minhash_records(hashes, base)
+
+
+def media_key_digest(key: str | tuple[str, ...]) -> bytes:
+    """128 bits of a media deduplicator's key: a tag for a string or a pair, then each part
+    length-prefixed, so no two distinct keys have the same encoding."""
+    parts = (key,) if isinstance(key, str) else key
+    encoded = [part.encode("utf-8", "surrogatepass") for part in parts]
+    data = (b"s" if isinstance(key, str) else b"t" + len(parts).to_bytes(4, "little")) + b"".join(
+        len(part).to_bytes(8, "little") + part for part in encoded
+    )
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _media_records(keys: list[str | tuple[str, ...]], base: int) -> np.ndarray:
+    """One record per row whose key `process` would look up (a truthy one): the rest are kept."""
+    rows = [index for index, key in enumerate(keys) if key]
+    digests = np.frombuffer(b"".join(media_key_digest(keys[i]) for i in rows), dtype=">u8").reshape(-1, 2)
+    records = np.empty(len(rows), dtype=KEYS)
+    records["k1"] = digests[:, 0] if rows else 0
+    records["k2"] = digests[:, 1] if rows else 0
+    records["pos"] = base + np.array(rows, dtype=np.int64)
+    records["val"] = 0
+    return records
 
 
 def _exact_records(hashes: list[str], base: int) -> np.ndarray:

@@ -7,6 +7,8 @@ all three rather than keeping a list of its own:
   (`analyze_lazy_loaded_requirements_for_code_file`, the source of an op's `get_env_spec`) finds
   in that file, `LazyLoader.check_packages([...])` included;
 - the class attribute `_requirements` (a list, or a requirements file);
+- the media helpers it imports from `data_juicer.utils.mm_utils` (`load_video`: PyAV), read
+  like model_utils below;
 - the models it prepares: `prepare_model(model_type="kenlm")` calls in the operator's class, and
   the `LazyLoader` calls of `data_juicer.utils.model_utils` whose names the model type's prepare
   function (and the functions of that module it calls) use.
@@ -76,6 +78,8 @@ def operator_needs(position: int, name: str, cls: type, params: dict[str, Any]) 
         package = _requirement_name(requirement)
         if package and _canonical(package) not in declared and _canonical(package) not in seen:
             add(requirement, None, via)
+    for module, package, used_always in _helper_loaders(cls):
+        add(package, module, "data_juicer.utils.mm_utils", used_always)
     for model_type, certain in _model_types(cls, params):
         for module, package, used_always in _model_loaders(model_type):
             add(package, module, f"model {model_type!r}", certain and used_always)
@@ -271,7 +275,24 @@ def _walk_branches(node: ast.AST, branches: list[tuple[ast.AST, bool]], kind: ty
         yield from _walk_branches(child, inner, kind)
 
 
-# -- model_utils --------------------------------------------------------------------------------
+# -- model_utils and mm_utils -------------------------------------------------------------------
+
+MEDIA_HELPERS = "data_juicer.utils.mm_utils"
+
+
+def _helper_loaders(cls: type) -> Iterator[tuple[str, str, bool]]:
+    """The loaders of Data-Juicer's media helpers that the operator's module imports by name
+    (video_deduplicator's `load_video` reads through PyAV): (module, package, used on every path)."""
+    import importlib
+
+    home = sys.modules.get(cls.__module__)
+    if home is None:
+        return
+    helpers = importlib.import_module(MEDIA_HELPERS)
+    loaders = _home_loaders(helpers)
+    for value in list(vars(home).values()):
+        if isinstance(value, types.FunctionType) and value.__module__ == helpers.__name__:
+            yield from _function_loaders(helpers, loaders, value, True, set())
 
 
 @cache
