@@ -53,14 +53,15 @@ process:
       min_num: 3
 """
 
-# A group-by and its inverse, then selectors on the regrouped rows.
+# A group-by and its inverse, then selectors on the regrouped rows. Five groups: at 7 shards the
+# segments after the grouper have empty shards, and the last one has an operator to run on them.
 GROUP = """\
 project_name: group
 np: 1
 text_keys: text
 process:
   - key_value_grouper:
-      group_by_keys: [topic, meta.tags.lang]
+      group_by_keys: [meta.tags.lang]
   - naive_reverse_grouper:
   - tags_specified_field_selector:
       field_key: meta.tags.lang

@@ -178,7 +178,10 @@ class AttemptSteps(AttemptRecipes, AttemptLeftovers):
             lookahead.start()
             if self.last_rate:
                 heartbeat.note(expected_secs=spec.bytes / self.last_rate)
-            self.runner.run(ctx)
+            if spec.rows:
+                self.runner.run(ctx)
+            else:  # a stage left this shard empty: nothing to run (Data-Juicer's reader refuses an empty file)
+                fsops.make_dirs(ctx.ray_output)
             if ctx.stop_reason() is not None:
                 raise AttemptFailed(f"stopped: {ctx.stop_reason()}")
             processing_secs = self._processing_secs(heartbeat)
@@ -232,7 +235,8 @@ class AttemptSteps(AttemptRecipes, AttemptLeftovers):
             self.completed += 1
             self.health.succeeded()
             self.backups.finished(claim.shard_id, processing_secs)
-            self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
+            if spec.bytes:  # an empty shard (left so by a stage) says nothing of the rate
+                self.last_rate = spec.bytes / max(lookahead.elapsed() - ctx.setup_secs, 1e-3)
             record = replace(
                 record,
                 status=AttemptStatus.SUCCEEDED,
