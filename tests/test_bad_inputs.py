@@ -117,9 +117,9 @@ RECIPE_CASES = {
     "unknown op": ("dataset_path: {dataset}\nprocess:\n  - no_such_mapper:\n", r"process\[0\] no_such_mapper: unknown operator"),
     "op not a mapping": ("dataset_path: {dataset}\nprocess:\n  - [a, b]\n", r"process\[0\] must be an operator name"),
     "deduplicator not run across shards": (
-        "dataset_path: {dataset}\nprocess:\n  - document_line_deduplicator:\n",
-        r"process\[0\] document_line_deduplicator: is a Deduplicator, .* are document_deduplicator, "
-        r"document_simhash_deduplicator and document_minhash_deduplicator\); remove it",
+        "dataset_path: {dataset}\nprocess:\n  - document_minhash_deduplicator_with_uid:\n",
+        r"process\[0\] document_minhash_deduplicator_with_uid: keeps rows by a __dj__uid column .* use "
+        r"document_minhash_deduplicator",
     ),
     "simhash distance not below its blocks": (
         "dataset_path: {dataset}\nprocess:\n  - document_simhash_deduplicator:\n      num_blocks: 4\n      hamming_distance: 4\n",
@@ -129,16 +129,14 @@ RECIPE_CASES = {
         "dataset_path: {dataset}\nprocess:\n  - ray_document_deduplicator:\n",
         r"process\[0\] ray_document_deduplicator: is Data-Juicer's Ray-only deduplicator, .* use document_deduplicator in its place",
     ),
-    "selector": ("dataset_path: {dataset}\nprocess:\n  - random_selector:\n", r"is a Selector"),
     "selector after a deduplicator": (
-        "dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n  - topk_specified_field_selector:\n"
-        "      field_key: meta.score\n      topk: 10\n",
-        r"process\[1\] topk_specified_field_selector: is a Selector, a whole-dataset operation",
+        "dataset_path: {dataset}\nprocess:\n  - document_deduplicator:\n  - image_ohem_selector:\n      topk: 10\n",
+        r"process\[1\] image_ohem_selector: scores every row with a model .* topk_specified_field_selector",
     ),
-    "grouper": ("dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n", r"is a Grouper"),
-    "aggregator": (
-        "dataset_path: {dataset}\nprocess:\n  - meta_tags_aggregator:\n",
-        r"is a Aggregator|is a Grouper|is an? Aggregator",
+    "grouper": ("dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n", r"naive_grouper: puts the whole dataset into one row"),
+    "reverse grouper exporting its batch meta": (
+        "dataset_path: {dataset}\nprocess:\n  - naive_reverse_grouper:\n      batch_meta_export_path: /tmp/m.jsonl\n",
+        r"process\[0\] naive_reverse_grouper: naive_reverse_grouper: batch_meta_export_path writes one file",
     ),
     "stats_export_path": (
         "dataset_path: {dataset}\nstats_export_path: /tmp/s.jsonl\nprocess:\n  - text_length_filter:\n",
@@ -168,8 +166,8 @@ RECIPE_CASES = {
         r"config parser rejects the recipe: Option 'export_pth' is not accepted",
     ),
     "op skip_op_error not a recipe error": (
-        "dataset_path: {dataset}\nprocess:\n  - document_line_deduplicator:\n      skip_op_error: true\n",
-        r"is a Deduplicator",
+        "dataset_path: {dataset}\nprocess:\n  - naive_grouper:\n      skip_op_error: true\n",
+        r"naive_grouper: puts the whole dataset into one row",
     ),
     "read_options not a mapping": (
         "dataset_path: {dataset}\nread_options: 7\nprocess:\n  - text_length_filter:\n",

@@ -19,6 +19,19 @@ from elastic_sharding.global_ops.registry import build
 from elastic_sharding.records import KeptShard
 
 
+@pytest.fixture(autouse=True)
+def no_model_cleanup(monkeypatch):
+    """The operators' `run` ends with `free_models()`, which imports torch through Data-Juicer's
+    lazy loader, which pip-installs torch (GBs) where it is missing: here installs fail instead
+    (as in every process of the tool), and there are no models to free."""
+    from data_juicer.ops import base_op
+
+    from elastic_sharding.dependencies.guard import forbid_runtime_installs
+
+    forbid_runtime_installs()
+    monkeypatch.setattr(base_op, "free_models", lambda *args, **kwargs: None)
+
+
 def data_juicer_rows(name: str, params: dict, rows: list[dict]) -> list[dict]:
     from data_juicer.core.data import NestedDataset
     from data_juicer.ops import load_ops
@@ -127,8 +140,18 @@ def test_one_row_is_left_as_it_is(tmp_path, corpus):
     [
         ("topk_specified_field_selector", {"field_key": "topic", "topk": 3}, {"topic": "x"}, "only numbers"),
         ("topk_specified_field_selector", {"field_key": "meta.score", "topk": 3}, {"meta": {"score": "nan"}}, "NaN"),
-        ("tags_specified_field_selector", {"field_key": "meta.lang", "target_tags": ["en"]}, {"meta": {}}, "has no field meta.lang"),
-        ("frequency_specified_field_selector", {"field_key": "meta", "topk": 1}, {"meta": {"a": 1}}, "not a string, number or null"),
+        (
+            "tags_specified_field_selector",
+            {"field_key": "meta.lang", "target_tags": ["en"]},
+            {"meta": {}},
+            "has no field meta.lang",
+        ),
+        (
+            "frequency_specified_field_selector",
+            {"field_key": "meta", "topk": 1},
+            {"meta": {"a": 1}},
+            "not a string, number or null",
+        ),
         ("naive_reverse_grouper", {}, {"text": "not grouped"}, "put a grouper before"),
     ],
 )

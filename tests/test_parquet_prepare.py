@@ -209,7 +209,7 @@ def test_media_paths_are_made_absolute(tmp_path, recipe_file):
 
 def test_a_recipe_that_begins_with_a_deduplicator_is_refused_on_parquet(tmp_path, recipe_file):
     data = make_parquet_dir(tmp_path / "data", files=1)
-    with pytest.raises(RecipeError, match="process\\[0\\] document_deduplicator is a deduplicator"):
+    with pytest.raises(RecipeError, match="process\\[0\\] document_deduplicator runs as a stage across all shards"):
         run_prepare(recipe_file, data, tmp_path / "job", 2, body=DEDUP_FIRST)
 
 

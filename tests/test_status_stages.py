@@ -167,7 +167,7 @@ def test_the_report_draws_every_unit_of_every_stage_and_the_attempts_of_every_se
         drawn = sorted(re.findall(rf'<rect class="unit [^>]*data-stage="{stage}" data-unit="([\w-]+)"', page))
         assert drawn == _units_of(finished, stage)
     lanes = re.findall(r'<text class="lane-label"[^>]*>([^<]*)<', page)
-    assert lanes[-2:] == ["stage 1", "stage 2"] and "<title>deduplication stage 2: document_simhash_deduplicator</title>" in page
+    assert lanes[-2:] == ["stage 1", "stage 2"] and "<title>stage 2: document_simhash_deduplicator</title>" in page
     assert "<h2>Deduplication stages</h2>" in page and "Recipe segment" in page
     payload = json.loads(re.search(r'<script type="application/json" id="job-data">(.*?)</script>', page, re.S).group(1))
     assert len(payload["units"]) == len(_units_of(finished, 1)) + len(_units_of(finished, 2))
@@ -254,7 +254,7 @@ def test_a_running_stage_shows_its_phase_held_and_stale_units_and_an_eta(dedup_f
     assert (report["segment"], report["segments_total"], report["complete"], report["failed"]) == (0, 2, False, False)
     assert report["exit_code"] == status.exit_code == EXIT_INCOMPLETE
     assert report["counts"]["done"] == SHARDS, "segment 0 has no operators: its shards are its input, done"
-    assert report["eta"]["secs"] is None and "deduplication stage 1 is running, phase buckets" in report["eta"]["basis"]
+    assert report["eta"]["secs"] is None and "stage 1 is running, phase buckets" in report["eta"]["basis"]
     (stage,) = report["stages"]
     assert (stage["stage"], stage["operator"], stage["state"], stage["phase"], stage["round"]) == (
         1, "document_deduplicator", "running", "buckets", None,
@@ -297,7 +297,7 @@ def test_a_failed_stage_fails_the_job_naming_the_unit_host_and_error(dedup_first
     assert (stage["state"], stage["phase"], stage["eta_secs"]) == ("failed", "keys", None)
     assert stage["units"]["keys"] == {"done": 1, "held": 0, "total": 4}, "the failed unit is no longer held"
     assert stage["error"] == "unit keys-00002 on host=node-b pid=77: InputError: row 3 of part-00002: text is not a string"
-    assert any(line.startswith("deduplication stage 1 failed in unit keys-00002 on host=node-b") for line in status.errors(True))
+    assert any(line.startswith("stage 1 failed in unit keys-00002 on host=node-b") for line in status.errors(True))
 
     out = run_cli("status", "--job-dir", str(dedup_first))
     assert out.returncode == EXIT_ERROR

@@ -72,6 +72,6 @@ def stage_failure(layout: JobLayout, stage: int) -> str | None:
     if failure is None:
         return None
     return (
-        f"deduplication stage {stage} failed in unit {failure.unit} on host={failure.host} pid={failure.pid}: "
+        f"stage {stage} failed in unit {failure.unit} on host={failure.host} pid={failure.pid}: "
         f"{failure.error}: {failure.message}; fix the cause, then `retry --all-failed`"
     )

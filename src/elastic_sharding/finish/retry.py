@@ -62,7 +62,7 @@ def retry(job_dir: Path, all_failed: bool = False, shard_ids: list[str] | None =
     requeued: list[str] = []
     wanted = list(dict.fromkeys(shard_ids or []))
     for segment in job_segments(manifest):
-        stage = f"deduplication stage {segment.index}"
+        stage = f"stage {segment.index}"
         if segment.index > 0 and all_failed and _requeue_stage(stage_files(root, segment.index), stage, retry_id):
             requeued.append(f"stage {segment.index}")
         view_manifest = segment_manifest(root, manifest, segment.index)

@@ -65,8 +65,7 @@ def completed_outputs(layout: JobLayout, lock_timeout: float | None = None) -> l
     kept = kept_shards(layout, manifest, last.index)
     if kept is None:
         raise JobStateError(
-            f"job is not complete: deduplication stage {last.index} has not kept every shard yet. Run workers "
-            "(or `retry` what failed) first"
+            f"job is not complete: stage {last.index} has not kept every shard yet. Run workers (or `retry` what failed) first"
         )
     if last.has_ops:
         view = dataclasses.replace(manifest, shards=segment_specs(kept))

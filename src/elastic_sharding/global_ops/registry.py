@@ -27,6 +27,20 @@ REFUSED = {
         "puts the whole dataset into one row, which no shard (and no node's memory, at the sizes this tool is for) can "
         "hold; group by a key with key_value_grouper, or run it on the merged output"
     ),
+    "image_ohem_selector": (
+        "scores every row with a model loaded from a user's score_file inside its own process, outside any "
+        "executor; compute the loss per row with a Mapper or Filter that writes it into __dj__stats__, then keep the "
+        "highest with topk_specified_field_selector (the same rows in the same order: heapq.nlargest over the loss)"
+    ),
+    "document_minhash_deduplicator_with_uid": (
+        "keeps rows by a __dj__uid column that the Data-Juicer run assigns over the whole dataset; use "
+        "document_minhash_deduplicator, which keeps the same rows and runs across all shards"
+    ),
+    "ray_bts_minhash_deduplicator_with_uid": (
+        "is a Ray-only deduplicator that keeps whichever duplicate reaches its shared state first and needs a "
+        "__dj__uid column; use document_minhash_deduplicator in its place: the same rule, deterministic, run here "
+        "across all shards"
+    ),
 }
 
 

@@ -245,7 +245,7 @@ class _Instance:
                     raise ElasticShardError(failure)
             view = segment_manifest(self.layout, manifest, segment.index)
             if view is None:
-                return [f"deduplication stage {segment.index}"]
+                return [f"stage {segment.index}"]
             if not segment.has_ops:
                 continue
             layout = self.layout.segment(segment.index)

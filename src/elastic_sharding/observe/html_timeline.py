@@ -143,7 +143,7 @@ def _unit_title(bar: UnitBar, start: float, now: float) -> str:
     unit = bar.unit
     took = unit.secs if unit.secs is not None else max(0.0, now - (unit.started_at or now))
     lines = [
-        f"deduplication stage {unit.stage} · unit {unit.unit}",
+        f"stage {unit.stage} · unit {unit.unit}",
         f"phase {unit.phase}" + (f", round {unit.round}" if unit.round is not None else "") + f" · {unit.outcome}",
         f"host {unit.host} · pid {unit.pid}",
         f"started +{fmt_secs((unit.started_at or start) - start)} ({iso(unit.started_at)}), "

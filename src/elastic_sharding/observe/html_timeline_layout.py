@@ -156,7 +156,7 @@ def lay_out(
     lanes: list[tuple[str, list[Bar] | list[UnitBar], str, str]] = [(host, by_host[host], "", "") for host in sorted(by_host)]
     for stage in sorted(by_stage):
         count = len(by_stage[stage])
-        name = f"deduplication stage {stage}" + (f": {stage_names[stage]}" if stage_names.get(stage) else "")
+        name = f"stage {stage}" + (f": {stage_names[stage]}" if stage_names.get(stage) else "")
         lanes.append((f"stage {stage}", by_stage[stage], f"{count} unit{'s' if count != 1 else ''}", name))
     top = float(AXIS_H)
     for label, bars, sub, tooltip in lanes:

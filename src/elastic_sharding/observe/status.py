@@ -262,8 +262,7 @@ class Status:
         return Eta(
             None,
             None,
-            f"segment {self.segment.index} is done; deduplication stage {stage.stage} is {doing} "
-            "(its own estimate is in `stages`)",
+            f"segment {self.segment.index} is done; stage {stage.stage} is {doing} (its own estimate is in `stages`)",
         )
 
     @property
@@ -383,7 +382,7 @@ class Status:
         """`<shard> last error: <root cause> (log: <path>)` for failed (and retrying) shards, and
         what made each failed stage fail."""
         stages = [
-            f"deduplication stage {stage.stage} failed in {stage.error}; fix the cause, then `retry --all-failed`"
+            f"stage {stage.stage} failed in {stage.error}; fix the cause, then `retry --all-failed`"
             for stage in self.stages
             if stage.state == FAILED
         ]

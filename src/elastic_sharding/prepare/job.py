@@ -197,13 +197,13 @@ def prepare(req: PrepareRequest, *, quiet: bool = False, verify_content: bool = 
 
 
 def refuse_on_parquet(recipe: Recipe) -> None:
-    """A deduplicator that comes before every other operator would read the prepared shards as
+    """A whole-dataset operator that comes before every other operator would read the prepared shards as
     JSON lines; on Parquet input they are Parquet files."""
     first = recipe.segments[0] if recipe.segments else None
     if first is not None and not first.has_ops and len(recipe.segments) > 1:
         name = recipe.ops[first.end_op][0]
         raise RecipeError(
-            f"process[0] {name} is a deduplicator: on Parquet input the recipe must begin with another operator for now "
+            f"process[0] {name} runs as a stage across all shards: on Parquet input the recipe must begin with another operator for now "
             "(any mapper or filter, e.g. clean_email_mapper); or convert the input to JSONL"
         )
 
