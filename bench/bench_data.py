@@ -415,3 +415,100 @@ ANALYZE_OPS: list[dict[str, Any]] = [
     {"words_num_filter": {"text_key": "text", "tokenization": False, "min_num": 10}},
     {"word_repetition_filter": {"text_key": "text", "tokenization": False, "rep_len": 10, "max_ratio": 0.5}},
 ]
+
+
+# -- whole-dataset operators -------------------------------------------------------------------------
+
+# Lines planted in many documents (each in about 30 % of them, so it is frequent in every shard),
+# in a few (below the recipe's threshold) and lines Data-Juicer's line deduplicator never counts
+# (a heading, a tag, a LaTeX environment, a one-character line). The shape of
+# tests/support/global_corpus.py; generated here (the bench does not import tests/).
+GLOBAL_BOILERPLATE = (
+    "Home | About us | Contact | Privacy policy",
+    "Copyright 2024 Example Media Group. All rights reserved.",
+    "We use cookies to improve your experience on our site.",
+    "Subscribe to our newsletter for weekly updates",
+    "Share this article on social media",
+)
+GLOBAL_RARE = ("This line appears in only a few documents.", "Another rare repeated line here.")
+GLOBAL_SKIPPED = ("# Chapter", "<div>", "\\begin{itemize}", "{}", "-")
+GLOBAL_RARE_FRACTION = 0.0003  # of the documents: 60 of 200,000, below the recipe's threshold of 100
+GLOBAL_LANGS = ("en", "zh", "fr", "de", None)
+GLOBAL_TOPICS = ("sports", "politics", "science", "art", "travel", "food", "music", "cars")
+
+
+def write_global_dataset(path: Path, rows: int, seed: int = 20261206) -> dict[str, int]:
+    """Write `rows` rows `{"id", "text", "meta": {"score", "tags": {"lang"}}, "rank", "topic"}`: the
+    text is one to three lines of prose (20-40 words each, the dedup rows' vocabulary; 5 % of the
+    lines repeat an earlier line, so a few lines are in two or three documents), and each of the
+    five `GLOBAL_BOILERPLATE` lines is inserted at a random place in 30 % of the documents; a
+    `GLOBAL_RARE` line in `GLOBAL_RARE_FRACTION` of them, a `GLOBAL_SKIPPED` line in 30 %; 3 % of
+    the documents are one boilerplate line and nothing else (empty once it is removed). `meta.score`
+    is a number with many ties (0.0, 0.5, ... 5.0), `rank` an integer 0-20, `topic` Zipf-like.
+    Any prefix of the file is such a corpus too. Returns counts of what was planted."""
+    rng = random.Random(seed)
+    table = _dedup_table()
+    seen: list[str] = []
+    counts = {"rows": 0, "prose_lines": 0, "repeated_lines": 0, "boilerplate_lines": 0, "rare_lines": 0,
+              "skipped_lines": 0, "boilerplate_only_rows": 0}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb", buffering=1 << 20) as out:
+        chunk: list[bytes] = []
+        for i in range(rows):
+            lines: list[str] = []
+            for _ in range(rng.randint(1, 3)):
+                if seen and rng.random() < 0.05:
+                    lines.append(seen[rng.randrange(len(seen))])
+                    counts["repeated_lines"] += 1
+                else:
+                    lines.append(_dedup_text(rng, table, 20, 40))
+                    if len(seen) < 50_000:
+                        seen.append(lines[-1])
+                counts["prose_lines"] += 1
+            for line in GLOBAL_BOILERPLATE:
+                if rng.random() < 0.3:
+                    lines.insert(rng.randint(0, len(lines)), line)
+                    counts["boilerplate_lines"] += 1
+            if rng.random() < GLOBAL_RARE_FRACTION:
+                lines.insert(rng.randint(0, len(lines)), rng.choice(GLOBAL_RARE))
+                counts["rare_lines"] += 1
+            if rng.random() < 0.3:
+                lines.insert(rng.randint(0, len(lines)), rng.choice(GLOBAL_SKIPPED))
+                counts["skipped_lines"] += 1
+            if rng.random() < 0.03:
+                lines = [rng.choice(GLOBAL_BOILERPLATE)]
+                counts["boilerplate_only_rows"] += 1
+            topic = GLOBAL_TOPICS[min(int(rng.paretovariate(1.2)) - 1, len(GLOBAL_TOPICS) - 1)]
+            row = {
+                "id": i,
+                "text": "\n".join(lines),
+                "meta": {"score": round(rng.random() * 10) / 2, "tags": {"lang": rng.choice(GLOBAL_LANGS)}},
+                "rank": rng.randint(0, 20),
+                "topic": topic,
+            }
+            chunk.append(orjson.dumps(row) + b"\n")
+            counts["rows"] += 1
+            if len(chunk) == 4096:
+                out.write(b"".join(chunk))
+                chunk.clear()
+        out.write(b"".join(chunk))
+    return counts
+
+
+# The `global_ops` recipe (model-free): the line deduplicator on the input shards (a stage), a stats
+# filter with loose bounds (a segment on Ray; it writes `__dj__stats__.text_len`, and drops the
+# documents that were nothing but boilerplate), then two selectors, each a stage: the 5th to 95th
+# percentile of the text length, then the top 80 % by `meta.score`.
+GLOBAL_FREQUENCY_THRESHOLD = 100  # boilerplate is in ~30 % of the documents, a rare line in ~0.03 %
+GLOBAL_OPS: list[dict[str, Any]] = [
+    {"document_line_deduplicator": {"text_key": "text", "frequency_threshold": GLOBAL_FREQUENCY_THRESHOLD}},
+    {"text_length_filter": {"text_key": "text", "min_len": 10, "max_len": 100000}},
+    {
+        "range_specified_field_selector": {
+            "field_key": "__dj__stats__.text_len",
+            "lower_percentile": 0.05,
+            "upper_percentile": 0.95,
+        }
+    },
+    {"topk_specified_field_selector": {"field_key": "meta.score", "top_ratio": 0.8}},
+]

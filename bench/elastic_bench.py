@@ -1,7 +1,7 @@
 """elastic-sharding benchmark: every performance ratio of bench/README.md, each measured side by side
 with its baseline in this one invocation (on a shared, noisy box only ratios mean anything).
 
-Usage: bench/run [--quick] [--rows N] [--io-rows N] [--dedup-rows N] [--analyze-rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
+Usage: bench/run [--quick] [--rows N] [--io-rows N] [--dedup-rows N] [--analyze-rows N] [--global-rows N] [--json PATH] [--only NAME,...] [--our-runner RUNNER]
 The table goes to stdout (then the scaling projection from this run's rates), progress to
 stderr, everything measured to the JSON file.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import analyze_measure
 import dedup_measure
+import global_ops_measure
 import orjson
 import scale
 import tail_measure
@@ -40,7 +41,7 @@ from bench_measures import (
 
 from elastic_sharding.work.runners import RUNNERS
 
-DEFAULT = Sizes(
+DEFAULT = global_ops_measure.GlobalSizes(
     rows=100_000,
     # prepare and merge exist for very large inputs: on a small one their fixed start-up (~3 s,
     # mostly importing Data-Juicer to validate the recipe) would be all that is measured. 500k
@@ -70,6 +71,9 @@ DEFAULT = Sizes(
     # ~1.3 KB rows of prose (~650 MB); its first half for the finish's second size.
     analyze_rows=500_000,
     analyze_shards=16,
+    # ~560-byte rows of multi-line prose with planted boilerplate lines (~112 MB); its first half in 8 shards.
+    global_rows=200_000,
+    global_shards=16,
 )
 QUICK = dataclasses.replace(
     DEFAULT,
@@ -91,6 +95,8 @@ QUICK = dataclasses.replace(
     tail_rows_per_shard=100,
     analyze_rows=20_000,  # and 10,000 for the finish's second size
     analyze_shards=4,
+    global_rows=0,  # --rows (and half of it in 2 shards)
+    global_shards=4,
 )
 
 # Name -> (the results it yields, how to measure them). Names are what --only accepts.
@@ -117,6 +123,7 @@ NAMES = (
     *dedup_measure.NAMES,
     *tail_measure.NAMES,
     *analyze_measure.NAMES,
+    *global_ops_measure.NAMES,
 )
 IO_NAMES = ("prepare", "prepare_original", "prepare_noop", "prepare_procs", "prepare_coop", "merge", "merge_dir")
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -128,6 +135,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "dedup": dedup_measure.NAMES,
     "tail": tail_measure.NAMES,
     "analyze": analyze_measure.NAMES,
+    "global_ops": global_ops_measure.NAMES,
 }
 
 
@@ -166,6 +174,8 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((tail_measure.NAMES, tail_measure.measure_tail))
     if names := want(*analyze_measure.NAMES):
         plan.append((names, lambda b, s, n=names: analyze_measure.measure_analyze(b, s, n)))
+    if names := want(*global_ops_measure.NAMES):
+        plan.append((names, lambda b, s, n=names: global_ops_measure.measure_global_ops(b, s, n)))
     return plan
 
 
@@ -189,6 +199,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help=f"analyze input rows of prose, ~1.3 KB each (default {DEFAULT.analyze_rows:,}; quick {QUICK.analyze_rows:,}); "
         "the finish is also measured on half of it",
+    )
+    parser.add_argument(
+        "--global-rows",
+        type=int,
+        help=f"global_ops input rows of multi-line prose with planted boilerplate lines, ~560 bytes each "
+        f"(default {DEFAULT.global_rows:,}; quick: --rows); the second size is half of it",
     )
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "latest.json", help="results file")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join((*NAMES, *GROUPS))}")
@@ -214,9 +230,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         io_rows=args.io_rows or sizes.io_rows or rows,
         dedup_rows=args.dedup_rows or sizes.dedup_rows or rows,
         analyze_rows=args.analyze_rows or sizes.analyze_rows,
+        global_rows=args.global_rows or sizes.global_rows or rows,
     )
     if args.sizes.dedup_rows < 2 * args.sizes.dedup_shards:
         parser.error(f"--dedup-rows must be at least {2 * args.sizes.dedup_shards} (two rows per shard at half size)")
+    if args.sizes.global_rows < 2 * args.sizes.global_shards:
+        parser.error(f"--global-rows must be at least {2 * args.sizes.global_shards} (two rows per shard at half size)")
     if args.sizes.analyze_rows < 2 * args.sizes.analyze_shards:
         parser.error(f"--analyze-rows must be at least {2 * args.sizes.analyze_shards} (a row per shard at half size)")
     return args
