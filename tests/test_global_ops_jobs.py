@@ -7,6 +7,8 @@ fields with ties to select and group on).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 from support.dj_default_run import dj_default_rows
@@ -71,7 +73,23 @@ process:
   - whitespace_normalization_mapper:
 """
 
-RECIPES = {"lines": LINES, "select": SELECT, "group": GROUP}
+# A group-by and an aggregator on each group (a custom one: Data-Juicer's call a model API), last,
+# so its batch meta is in the output.
+AGGREGATE = f"""\
+project_name: aggregate
+np: 1
+text_keys: text
+custom_operator_paths: [{Path(__file__).parent / "support" / "group_summary_aggregator.py"}]
+process:
+  - text_length_filter:
+      min_len: 10
+  - key_value_grouper:
+      group_by_keys: [topic]
+  - group_summary_aggregator:
+"""
+
+RECIPES = {"lines": LINES, "select": SELECT, "group": GROUP, "aggregate": AGGREGATE}
+IN_CI = ("group", "aggregate")  # the in-process tests (test_global_ops.py) cover every operator against Data-Juicer
 ROWS = 400
 
 
@@ -97,8 +115,14 @@ def reference(corpus, tmp_path_factory):
     return rows
 
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
-@pytest.mark.parametrize(("shards", "workers"), [(7, 3), pytest.param(3, 1, marks=exhaustive_only)])
+@pytest.mark.parametrize(
+    ("name", "shards", "workers"),
+    [
+        pytest.param(name, shards, workers, marks=() if name in IN_CI and workers == 3 else exhaustive_only)
+        for name in sorted(RECIPES)
+        for shards, workers in ((7, 3), (3, 1))
+    ],
+)
 def test_a_recipe_with_whole_dataset_operators_gives_data_juicers_rows(tmp_path, corpus, reference, name, shards, workers):
     expected = reference(name)
     assert 0 < len(expected) < ROWS
@@ -108,3 +132,5 @@ def test_a_recipe_with_whole_dataset_operators_gives_data_juicers_rows(tmp_path,
     assert rows == expected
     assert status["complete"] and status["exit_code"] == 0
     assert all(stage["state"] == "done" for stage in status["stages"])
+    if name == "aggregate":
+        assert sum(row["__dj__batch_meta__"]["count"] for row in rows) == sum(len(row["text"]) for row in rows)

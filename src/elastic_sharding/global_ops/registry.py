@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from elastic_sharding.errors import RecipeError
@@ -70,10 +71,24 @@ def check_params(name: str, params: dict[str, Any]) -> None:
         )
 
 
-def build(name: str, params: dict[str, Any]) -> GlobalOp:
+_LOADED_CUSTOM: set[tuple[str, ...]] = set()
+
+
+def load_custom_operators(paths: Sequence[str]) -> None:
+    """The recipe's `custom_operator_paths` in this process's registry, once (Data-Juicer refuses
+    to register a name twice): a stage may be a custom Aggregator."""
+    if paths and tuple(paths) not in _LOADED_CUSTOM:
+        from data_juicer.config.config import load_custom_operators as load
+
+        load(list(paths))
+        _LOADED_CUSTOM.add(tuple(paths))
+
+
+def build(name: str, params: dict[str, Any], custom_paths: Sequence[str] = ()) -> GlobalOp:
     """The stage of one recipe entry, with the operator Data-Juicer builds from it."""
     from data_juicer.ops import load_ops
 
+    load_custom_operators(custom_paths)
     check_params(name, params)
     (op,) = load_ops([{name: dict(params)}])
     cls = STAGES.get(name) or (PerGroupAggregator if is_aggregator(type(op)) else None)

@@ -21,7 +21,7 @@ from elastic_sharding.dedup.rules import RAY_TWINS, SUPPORTED, DedupKind, DedupR
 from elastic_sharding.dependencies.operators import recipe_needs
 from elastic_sharding.dependencies.resolve import Found, check_needs, missing_line, refuse_missing
 from elastic_sharding.errors import RecipeError, UsageError
-from elastic_sharding.global_ops.registry import REFUSED, check_params, is_stage
+from elastic_sharding.global_ops.registry import REFUSED, check_params, is_stage, load_custom_operators
 from elastic_sharding.records import PackageRecord, SegmentSpec
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,9 @@ class Recipe:
         """The recipe cut at each whole-dataset operator that runs as a stage across all shards."""
         segments: list[SegmentSpec] = []
         start, dedup = 0, None
+        registry, _kinds = operator_registry(self.config.get("custom_operator_paths") or [], str(self.source))
         for position, (name, _params) in enumerate(self.ops):
-            if name in SUPPORTED or is_stage(name):
+            if name in SUPPORTED or is_stage(name, registry.get(name)):
                 segments.append(SegmentSpec(len(segments), start, position, dedup))
                 start, dedup = position + 1, position
         segments.append(SegmentSpec(len(segments), start, len(self.config["process"]), dedup))
@@ -368,27 +369,22 @@ def _check_with_data_juicer_parser(config: dict[str, Any], used_ops: set[str], w
 
 # Custom operator paths already loaded into this process's registry: Data-Juicer refuses to load
 # the same package twice (`prepare --install-missing` reads the registry before the recipe unit).
-_LOADED_CUSTOM: set[tuple[str, ...]] = set()
 
 
 def operator_registry(custom_paths: list[str], where: str) -> tuple[dict[str, type], dict[str, type]]:
     from data_juicer.ops import OPERATORS, base_op
 
     if custom_paths:
-        from data_juicer.config.config import load_custom_operators
-
         missing = [p for p in custom_paths if not os.path.exists(p)]
         if missing:
             raise RecipeError(
                 f"{where}: custom_operator_paths entry does not exist: {missing[0]}; fix the path (relative paths start at the recipe)"
             )
-        if tuple(custom_paths) not in _LOADED_CUSTOM:
-            try:
-                load_custom_operators(custom_paths)
-            except Exception as exc:  # noqa: BLE001 - user code: any error is a recipe error
-                raise RecipeError(
-                    f"{where}: cannot load custom operators: {exc}; fix the operator module, or check custom_operator_paths"
-                ) from None
-            _LOADED_CUSTOM.add(tuple(custom_paths))
+        try:
+            load_custom_operators(custom_paths)
+        except Exception as exc:  # noqa: BLE001 - user code: any error is a recipe error
+            raise RecipeError(
+                f"{where}: cannot load custom operators: {exc}; fix the operator module, or check custom_operator_paths"
+            ) from None
     kinds = {name: getattr(base_op, name) for name in ("Mapper", "Filter", *GLOBAL_KINDS)}
     return OPERATORS.modules, kinds

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +24,12 @@ import orjson
 from elastic_sharding import confined, fsops
 from elastic_sharding.claims.protocol import new_attempt_id, new_token
 from elastic_sharding.dedup.cooperate import KEEP, StageParticipant
-from elastic_sharding.dedup.rules import DedupRule
+from elastic_sharding.dedup.rules import SUPPORTED, DedupRule
 from elastic_sharding.dedup.stage import DedupPlan, DedupStage
 from elastic_sharding.errors import IntegrityError, JobStateError
 from elastic_sharding.global_ops.cooperate import GlobalParticipant
 from elastic_sharding.global_ops.operators import StageContext
 from elastic_sharding.global_ops.registry import build as build_global
-from elastic_sharding.global_ops.registry import is_stage
 from elastic_sharding.layout import JobLayout, StageLayout, processed_file
 from elastic_sharding.records import ROW_KEY, CompletionRecord, KeptShard, Manifest, SegmentSpec, ShardSpec, load
 from elastic_sharding.settings import Settings
@@ -108,6 +107,7 @@ class StageWork:
         process: list[tuple[str, dict]],
         settings: Settings,
         stop: Callable[[], bool],
+        custom_paths: Sequence[str] = (),
     ):
         if segment.dedup_op is None:
             raise JobStateError(f"segment {segment.index} follows no deduplicator; report this as a bug")
@@ -121,8 +121,8 @@ class StageWork:
         root = layout.stage_dir(segment.index)
         lease, beat, poll = settings.lock_timeout_secs, settings.heartbeat_interval_secs, min(settings.poll_interval_secs, 0.5)
         self.participant: StageParticipant | GlobalParticipant
-        if is_stage(name):
-            op = build_global(name, params)
+        if name not in SUPPORTED:
+            op = build_global(name, params, custom_paths)
             ctx = StageContext(root, len(manifest.shards), manifest.total_bytes)
             self.participant = GlobalParticipant(
                 op,

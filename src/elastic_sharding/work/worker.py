@@ -199,6 +199,7 @@ class Worker(AttemptSteps, ClaimAhead):
             process,
             self.settings,
             self._stopping,
+            tuple(self._job_recipe().get("custom_operator_paths") or ()),
         )
 
     # -- the claim loop ---------------------------------------------------------------------
