@@ -1,8 +1,9 @@
 """The layering rule of CONTRIBUTING.md, checked on every import of the package.
 
 The package is layered in pipeline order: primitives (the top-level modules and `records/`),
-`claims/`, `dependencies/`, `dedup/` and `analysis/` (the two whole-dataset stages, which never
-import each other), `prepare/`, `work/`, `finish/`, `observe/`, `launch/`, `cli/`. A module imports only
+`claims/`, `dependencies/`, `dedup/` and `analysis/` (two whole-dataset stages, which never
+import each other), `global_ops/` (the other whole-dataset operators, which read both),
+`prepare/`, `work/`, `finish/`, `observe/`, `launch/`, `cli/`. A module imports only
 primitives, its own layer and the layers before it; the one exception is `observe.snapshot`, the
 read-only view of a job that `finish/` (merge, verify, retry) reads the shards' states through.
 """
