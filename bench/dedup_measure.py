@@ -52,25 +52,24 @@ def _torch_dists() -> list[str]:
 # -- one side -------------------------------------------------------------------------------------
 
 
-def _dj_side(b: Bench, d: Path, tag: str, ops: list[dict], data: Path) -> dict[str, Any]:
-    """One default-executor `dj-process` run (np = cores), its memory and its kept ids."""
+def dj_default_side(b: Bench, d: Path, tag: str, label: str, ops: list[dict], data: Path) -> tuple[dict[str, Any], Path]:
+    """One default-executor `dj-process` run (np = cores): its time and memory, and its export
+    (the caller reads it, then calls `remove_dj_files`)."""
     cores = os.cpu_count() or 1
-    out, cache, work = d / f"{tag}-out.jsonl", d / f"{tag}-hf-cache", d / f"{tag}-work"
+    out, cache = d / f"{tag}-out.jsonl", d / f"{tag}-hf-cache"
     # ds_cache_dir: Hugging Face's dataset cache in the bench's work directory (removed with it),
     # not in ~/.cache; everything else is Data-Juicer's default.
     extra = {"np": cores, "ds_cache_dir": str(cache)}
     recipe = write_recipe(d / f"{tag}.yaml", data, out, ops, executor="default", extra=extra)
     before = _torch_dists()
-    progress(f"dedup {tag}: dj-process --executor_type default, np={cores}, {data.name}")
-    wall, tree, largest = b.run_with_memory(f"dedup-{tag}", [PYTHON, str(DJ_DEFAULT), str(recipe)], cwd=d)
+    progress(f"{label} {tag}: dj-process --executor_type default, np={cores}, {data.name}")
+    wall, tree, largest = b.run_with_memory(f"{label}-{tag}", [PYTHON, str(DJ_DEFAULT), str(recipe)], cwd=d)
     if (after := _torch_dists()) != before:
-        raise BenchError(f"dedup {tag}: the site-packages changed during the run: {before} -> {after}")
-    ids = ids_in_order(out)
+        raise BenchError(f"{label} {tag}: the site-packages changed during the run: {before} -> {after}")
     everything = tree.subtree(tree.root_key) if tree.root_key else set()
     side = {
         "wall_secs": wall,
         "rows_in": _lines(data),
-        "rows_out": len(ids),
         "np": cores,
         "largest_process_bytes_wait4": largest,
         "main_process_peak_bytes": tree.peak_one({tree.root_key}) if tree.root_key else None,
@@ -78,11 +77,23 @@ def _dj_side(b: Bench, d: Path, tag: str, ops: list[dict], data: Path) -> dict[s
         "all_processes_peak_sum_bytes": tree.peak_sum(everything),
         "processes_seen": len(everything),
     }
-    for path in d.glob(f"{tag}-out*.jsonl"):  # the export and Data-Juicer's `<export>_stats.jsonl`
+    return side, out
+
+
+def remove_dj_files(d: Path, tag: str) -> None:
+    """A `dj_default_side` run's export (and Data-Juicer's `<export>_stats.jsonl`), cache and work directory."""
+    for path in d.glob(f"{tag}-out*.jsonl"):
         path.unlink()
-    for path in (cache, work):
+    for path in (d / f"{tag}-hf-cache", d / f"{tag}-work"):
         shutil.rmtree(path, ignore_errors=True)
-    return {**side, "ids": ids}
+
+
+def _dj_side(b: Bench, d: Path, tag: str, ops: list[dict], data: Path) -> dict[str, Any]:
+    """One default-executor `dj-process` run, its memory and its kept ids."""
+    side, out = dj_default_side(b, d, tag, "dedup", ops, data)
+    ids = ids_in_order(out)
+    remove_dj_files(d, tag)
+    return {**side, "rows_out": len(ids), "ids": ids}
 
 
 def _lines(path: Path) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
 import shutil
 import time
@@ -26,9 +25,9 @@ from typing import Any
 
 import orjson
 from bench_data import GLOBAL_OPS, write_global_dataset, write_prefix, write_recipe
-from bench_lib import PYTHON, Bench, BenchError, Result, progress
+from bench_lib import Bench, BenchError, Result, progress
 from bench_measures import Sizes, _local, prepared_lines
-from dedup_measure import _lines, _torch_dists, _worker_memory
+from dedup_measure import _lines, _worker_memory, dj_default_side, remove_dj_files
 
 DJ_DEFAULT = Path(__file__).resolve().parent / "dj_default.py"
 NAMES = ("global_ops_time", "global_ops_rss")
@@ -96,33 +95,10 @@ def compare_outputs(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, A
 
 def _dj_side(b: Bench, d: Path, tag: str, data: Path) -> dict[str, Any]:
     """One default-executor `dj-process` run (np = cores): time, memory and its output's digest."""
-    cores = os.cpu_count() or 1
-    out, cache, work = d / f"{tag}-out.jsonl", d / f"{tag}-hf-cache", d / f"{tag}-work"
-    # ds_cache_dir: Hugging Face's dataset cache in the bench's work directory (removed with it),
-    # not in ~/.cache; everything else is Data-Juicer's default.
-    extra = {"np": cores, "ds_cache_dir": str(cache)}
-    recipe = write_recipe(d / f"{tag}.yaml", data, out, GLOBAL_OPS, executor="default", extra=extra)
-    before = _torch_dists()
-    progress(f"global_ops {tag}: dj-process --executor_type default, np={cores}, {data.name}")
-    wall, tree, largest = b.run_with_memory(f"global-{tag}", [PYTHON, str(DJ_DEFAULT), str(recipe)], cwd=d)
-    if (after := _torch_dists()) != before:
-        raise BenchError(f"global_ops {tag}: the site-packages changed during the run: {before} -> {after}")
+    side, out = dj_default_side(b, d, tag, "global_ops", GLOBAL_OPS, data)
     output = _digest(canonical_rows(out))
-    everything = tree.subtree(tree.root_key) if tree.root_key else set()
-    side = {
-        "wall_secs": wall,
-        "rows_in": _lines(data),
-        "np": cores,
-        "largest_process_bytes_wait4": largest,
-        "all_processes_peak_sum_bytes": tree.peak_sum(everything),
-        "processes_seen": len(everything),
-        **output,
-    }
-    for path in d.glob(f"{tag}-out*.jsonl"):  # the export and Data-Juicer's `<export>_stats.jsonl`
-        path.unlink()
-    for path in (cache, work):
-        shutil.rmtree(path, ignore_errors=True)
-    return side
+    remove_dj_files(d, tag)
+    return {**side, **output}
 
 
 def _window(spans: list[tuple[float, float]], t0: float) -> dict[str, Any]:
@@ -175,11 +151,12 @@ def _ours_side(b: Bench, d: Path, tag: str, data: Path, shards: int, workers: in
     log = (b.logs / f"global-{tag}.log").read_text(errors="replace")
     logged = [line for line in prepared_lines(log) if line["secs"]]
     workers_memory = _worker_memory(tree)
-    if len(workers_memory) != workers:
-        raise BenchError(f"global_ops {tag}: found {len(workers_memory)} worker process(es) under the launcher, not {workers}")
+    if not workers_memory:  # a worker that ends between two samples of the tree may be missed; none is an error
+        raise BenchError(f"global_ops {tag}: found no worker process under the launcher")
     side = {
         "wall_secs": wall,
         "workers": workers,
+        "workers_sampled": len(workers_memory),
         "shards": shards,
         "rows_in": _lines(data),
         "worker_peak_bytes": max(w["worker_peak_bytes"] for w in workers_memory),
