@@ -41,10 +41,11 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               (keys, buckets, keep; before or after the unit's work) or of a shard of the
               segment after it; the job is finished as a user would and the merged output must be
               the clean run's, byte for byte
-  global-job  the same with three whole-dataset stages (global_ops/: key_value_grouper, whose rows
-              leave their shards, naive_reverse_grouper in place, a topk selector reordering every
-              row): a worker killed or frozen at a crash point of a stage (keys, buckets, place,
-              keep) or of a shard of a segment after one; the merged output must be the clean run's
+  global-job  the same with whole-dataset stages (global_ops/), one of two recipes: key_value_grouper
+              (rows leave their shards), naive_reverse_grouper, a topk selector reordering every row;
+              or document_line_deduplicator, the frequency, random and range selectors: a worker
+              killed or frozen at a crash point of a stage (keys, buckets, place, keep) or of a
+              shard of a segment after one; the merged output must be the clean run's
   analysis-job  a `--analyze` job (fake processing that writes every row's statistics, the real
               analysis), a worker on every node: one of them killed, or frozen for two leases, at a
               crash point of the analysis (columns, plan, stats, report; before or after the unit's
@@ -217,15 +218,20 @@ DEDUP_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "com
 DEDUP_EXIT_SECS = 120
 DEDUP_JOB_SHARDS = (3, 5)
 DEDUP_JOB_POINTS = tuple(f"dedup-{phase}{end}" for phase in ("keys", "buckets", "keep") for end in ("", "-done"))
-# A job with three whole-dataset stages (global_ops/): a group-by whose rows leave their shards,
-# its inverse in place, and a ranking selector that reorders every row.
+# Jobs with whole-dataset stages (global_ops/), one of two recipes per trial: a group-by whose rows
+# leave their shards, its inverse in place and a ranking selector that reorders every row; or line
+# deduplication, a frequency selector, the random selector and a range selector.
 GLOBAL_JOB_POINTS = tuple(f"global-{phase}{end}" for phase in ("keys", "buckets", "place", "keep") for end in ("", "-done"))
-GLOBAL_JOB_RECIPE = """\
+GLOBAL_JOB_HEAD = """\
 executor_type: ray
 ray_address: local
 dataset_path: {dataset}
 process:
   - whitespace_normalization_mapper:
+"""
+GLOBAL_JOB_RECIPES = (
+    GLOBAL_JOB_HEAD
+    + """\
   - key_value_grouper:
       group_by_keys: [bucket]
   - naive_reverse_grouper:
@@ -234,7 +240,25 @@ process:
       top_ratio: 0.8
   - text_length_filter:
       min_len: 5
-"""
+""",
+    GLOBAL_JOB_HEAD
+    + """\
+  - document_line_deduplicator:
+      frequency_threshold: 3
+  - frequency_specified_field_selector:
+      field_key: bucket
+      top_ratio: 0.7
+  - random_selector:
+      select_ratio: 0.8
+  - range_specified_field_selector:
+      field_key: id
+      lower_percentile: 0.1
+      upper_percentile: 0.9
+  - text_length_filter:
+      min_len: 5
+""",
+)
+GLOBAL_JOB_LINES = ("Home | About | Contact", "All rights reserved.", "Share this page", "Cookies help us")
 # A `--analyze` job over the dedup kinds' prose: the recipe's filters are what prepare keeps (the
 # fake computes its own statistics, `fakes.fake_analysis`), the rest is skipped as dj-analyze skips it.
 # The trials' shard counts, and the one clean run's every trial is compared with: a count no trial
@@ -480,7 +504,7 @@ class Harness:
         self._parquet_templates: dict[int, Template] = {}
         self._prepare_references: dict[bool, PrepareReference] = {}
         self._dedup_expected: dict[int, list[int]] = {}
-        self._stage_jobs: dict[tuple[str, int], Template] = {}
+        self._stage_jobs: dict[tuple[str, int, int], Template] = {}
         self._analysis_jobs: dict[int, AnalysisTemplate] = {}
         self._analysis_clean: tuple[dict[str, str], str, list[int]] | None = None
         self.compare_with: bytes | None = None
@@ -1285,17 +1309,20 @@ class Harness:
         outcome.check(outcome.identical is True, "a participant read other rows than one Data-Juicer run keeps")
         return outcome
 
-    def job_template(self, kind: str, shards: int) -> Template:
-        """A job of the `dedup-job` or `global-job` kind, prepared once per shard count, with its
-        clean result from one fake worker on local disk."""
-        if (kind, shards) not in self._stage_jobs:
+    def job_template(self, kind: str, shards: int, variant: int = 0) -> Template:
+        """A job of the `dedup-job` kind or a `global-job` recipe, prepared once per shard count,
+        with its clean result from one fake worker on local disk."""
+        if (kind, shards, variant) not in self._stage_jobs:
             rows = prose_rows(DEDUP_ROWS, seed=7)
             if kind == "global-job":
-                rows = [dict(row, bucket=row["id"] * 7 % 11) for row in rows]
+                rows = [
+                    dict(row, bucket=row["id"] * 7 % 11, text=row["text"] + "\n" + GLOBAL_JOB_LINES[row["id"] % 4])
+                    for row in rows
+                ]
             data = write_jsonl(self.workdir / f"{kind}-input.jsonl", rows)
-            recipe = self.workdir / f"{kind}-recipe.yaml"
-            recipe.write_text((GLOBAL_JOB_RECIPE if kind == "global-job" else DEDUP_RECIPE).format(dataset=data))
-            job = self.workdir / f"{kind}-template-{shards}"
+            recipe = self.workdir / f"{kind}-recipe-{variant}.yaml"
+            recipe.write_text((GLOBAL_JOB_RECIPES[variant] if kind == "global-job" else DEDUP_RECIPE).format(dataset=data))
+            job = self.workdir / f"{kind}-template-{shards}-{variant}"
             settings = Settings(
                 lock_timeout_secs=DEDUP_LEASE,
                 max_retries=6,
@@ -1304,14 +1331,14 @@ class Harness:
                 ray_address="local",
             )
             prepare(PrepareRequest(recipe, None, job, shards, settings), quiet=True)
-            clean = self.workdir / f"{kind}-clean-{shards}"
+            clean = self.workdir / f"{kind}-clean-{shards}-{variant}"
             shutil.copytree(job, clean, symlinks=True)
             if Worker(clean, WorkerOptions(), runner=FakeRunner(keep=fake_recipe_keep)).run() != 0:
                 raise AssertionError(f"the clean run of the {kind} job failed")
-            out = self.workdir / f"{kind}-clean-{shards}.jsonl"
+            out = self.workdir / f"{kind}-clean-{shards}-{variant}.jsonl"
             merge(clean, out)
-            self._stage_jobs[kind, shards] = Template(shards, job, out.read_bytes())
-        return self._stage_jobs[kind, shards]
+            self._stage_jobs[kind, shards, variant] = Template(shards, job, out.read_bytes())
+        return self._stage_jobs[kind, shards, variant]
 
     def trial_dedup_job(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         """A job with a deduplication stage between two segments, one worker killed or frozen in
@@ -1325,7 +1352,8 @@ class Harness:
 
     def stage_job_trial(self, kind: str, points: tuple[str, ...], name: str, log_dir: Path, rng: random.Random) -> Outcome:
         shards = rng.choice(DEDUP_JOB_SHARDS)
-        template = self.job_template(kind, shards)
+        variant = rng.randrange(len(GLOBAL_JOB_RECIPES)) if kind == "global-job" else 0
+        template = self.job_template(kind, shards, variant)
         victim = rng.randrange(len(self.cluster.nodes))
         stop = rng.random() < 0.3
         if rng.random() < 0.75:
