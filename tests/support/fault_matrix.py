@@ -1874,6 +1874,7 @@ class Summary:
             f"dedup_kills={c['dedup_kills']} dedup_stalls={c['dedup_stalls']} "
             f"dedup_job_kills={c['dedup_job_kills']} dedup_job_stalls={c['dedup_job_stalls']} "
             f"analysis_job_kills={c['analysis_job_kills']} analysis_job_stalls={c['analysis_job_stalls']} "
+            f"global_job_kills={c['global_job_kills']} global_job_stalls={c['global_job_stalls']} "
             f"slowed={c['slowed']} backups={c['backups']} backups_won={c['backups_won']} "
             f"parquet_jobs={c['parquet_jobs']} parquet_prepares={c['parquet_prepares']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
