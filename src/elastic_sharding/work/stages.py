@@ -1,11 +1,13 @@
-"""A worker's part in a deduplication stage of its job, between two segments of the recipe.
+"""A worker's part in a whole-dataset stage of its job (a deduplicator, `dedup/`; any other
+whole-dataset operator, `global_ops/`), between two segments of the recipe.
 
 The stage reads every shard as the previous segment left it: the output its completion record
 names (or, after a segment without operators, that segment's input), checked against the
-record's sha256 as it is read, so no unit ever deduplicates rows that are not the published
-ones. Its keep units write the next segment's input: the same lines less the dropped rows, with
-each kept row's index in the shard as the ordering key when the next segment has operators to
-run (`work/collect.py` sorts on it), else exactly as they will be merged.
+record's sha256 as it is read, so no unit ever reads rows that are not the published ones. Its
+keep units write the next segment's input through one writer (`_write_next`): a deduplicator's
+the same lines less the dropped rows, another operator's whatever lines it gives for that shard,
+each row's index in the shard as the ordering key when the next segment has operators to run
+(`work/collect.py` sorts on it), else exactly as they will be merged.
 """
 
 from __future__ import annotations
