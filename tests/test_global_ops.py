@@ -11,34 +11,13 @@ import random
 import orjson
 import pytest
 from support.global_corpus import global_rows
+from support.global_ops_reference import data_juicer_rows, no_model_cleanup  # noqa: F401 - an autouse fixture
 
 from elastic_sharding.errors import RecipeError
 from elastic_sharding.global_ops.cooperate import GlobalParticipant
 from elastic_sharding.global_ops.operators import StageContext
 from elastic_sharding.global_ops.registry import build
 from elastic_sharding.records import KeptShard
-
-
-@pytest.fixture(autouse=True)
-def no_model_cleanup(monkeypatch):
-    """The operators' `run` ends with `free_models()`, which imports torch through Data-Juicer's
-    lazy loader, which pip-installs torch (GBs) where it is missing: here installs fail instead
-    (as in every process of the tool), and there are no models to free."""
-    from data_juicer.ops import base_op
-
-    from elastic_sharding.dependencies.guard import forbid_runtime_installs
-
-    forbid_runtime_installs()
-    monkeypatch.setattr(base_op, "free_models", lambda *args, **kwargs: None)
-
-
-def data_juicer_rows(name: str, params: dict, rows: list[dict]) -> list[dict]:
-    from data_juicer.core.data import NestedDataset
-    from data_juicer.ops import load_ops
-
-    (op,) = load_ops([{name: dict(params)}])
-    result = op.run(NestedDataset.from_list([dict(r) for r in rows]))
-    return [dict(r) for r in result.to_list()] if not isinstance(result, list) else result
 
 
 def cut(rows: list[dict], shards: int) -> list[list[dict]]:

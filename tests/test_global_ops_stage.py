@@ -14,9 +14,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from support.exhaustive import exhaustive_only
 from support.global_corpus import global_rows
+from support.global_ops_reference import data_juicer_rows, no_model_cleanup  # noqa: F401 - an autouse fixture
 from support.jobs import write_jsonl
-from test_global_ops import data_juicer_rows, no_model_cleanup  # noqa: F401 - the fixture is used by name
 
 from elastic_sharding.layout import StageLayout
 
@@ -101,7 +102,9 @@ def kept_rows(tmp_path: Path) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("point", CRASH_POINTS)
+@pytest.mark.parametrize(
+    "point", [pytest.param(p, marks=exhaustive_only) if p.endswith("-done") else p for p in CRASH_POINTS]
+)  # CI: before each phase's work; the exhaustive suite also after it
 def test_a_participant_killed_at_each_crash_point_is_taken_over(tmp_path, corpus, point):
     spec, root = prepare_stage(tmp_path, corpus)
     ((code, _),) = finish([start(spec, crash_at=point)])
