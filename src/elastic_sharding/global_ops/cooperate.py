@@ -8,6 +8,7 @@ hand each shard of the next segment its rows through the caller's `keep`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 from elastic_sharding import fsops
 from elastic_sharding.claims.units import SharedStage, unit_index
@@ -96,7 +97,7 @@ class GlobalParticipant:
         blob, index = self._placement(shard_index)
         return files.write_placement(blob, index, entries, self.ctx.num_shards)
 
-    def _placement(self, shard_index: int):
+    def _placement(self, shard_index: int) -> tuple[Path, Path]:
         return self.ctx.shard_file("place", shard_index, ".bin"), self.ctx.shard_file("place", shard_index, ".idx")
 
     def _keep_one(self, target: int) -> KeptShard:

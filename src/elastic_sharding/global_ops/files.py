@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from elastic_sharding import fsops
 from elastic_sharding.dedup import arrays
@@ -85,3 +86,11 @@ def write_records(target: Path, records: np.ndarray, parts: np.ndarray | None = 
     """`dedup.arrays.write`, into a directory made first."""
     fsops.make_dirs(target.parent)
     arrays.write(target, records, parts, num_parts)
+
+
+def write_json(path: Path, value: object) -> None:
+    """A plan or summary as JSON, create-once (a late identical writer loses to the first)."""
+    fsops.make_dirs(path.parent)
+    with fsops.atomic_output(path, replace=False) as out:
+        out.write(orjson.dumps(value))
+        out.commit()

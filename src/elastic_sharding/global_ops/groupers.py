@@ -66,11 +66,9 @@ class KeyValueGrouper(GlobalOp):
         parts = buckets.bucket_parts(records, ctx.parts)
         first = np.empty(len(records), dtype=np.int64)
         for part in np.unique(parts).tolist():
-            groups = arrays.read(ctx.data("groups", f"{part:05d}.rec"))
+            table = arrays.read(ctx.data("groups", f"{part:05d}.rec"))  # sorted by (k1, k2) as `reduce` wrote it
             mine = np.flatnonzero(parts == part)
             wanted = records[mine]
-            at = np.lexsort((groups["k2"], groups["k1"]))
-            table = groups[at]
             low = np.searchsorted(table["k1"], wanted["k1"], side="left")
             for i, start in zip(mine.tolist(), low.tolist()):
                 while table["k2"][start] != records["k2"][i] or table["k1"][start] != records["k1"][i]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,10 +106,10 @@ class RankSelector(FieldSelector):
         files.write_sorted(self._values(ctx, shard_index), self._rows(ctx, shard_index), values)
         return len(values)
 
-    def _values(self, ctx: StageContext, shard_index: int):
+    def _values(self, ctx: StageContext, shard_index: int) -> Path:
         return ctx.shard_file("sorted", shard_index, ".values.npy")
 
-    def _rows(self, ctx: StageContext, shard_index: int):
+    def _rows(self, ctx: StageContext, shard_index: int) -> Path:
         return ctx.shard_file("sorted", shard_index, ".rows.npy")
 
     def place(self, ctx: StageContext, shard_index: int, rows: Iterable[Row]) -> Iterator[Entry]:
@@ -195,7 +196,7 @@ class FrequencySelector(FieldSelector):
             for i, row in enumerate(rows):
                 value = self.scalar(row, f"row {i + 1} of shard {shard_index}")
                 counts[value] = counts.get(value, 0) + 1
-        _write_json(ctx.shard_file("counts", shard_index, ".json"), [[value, n] for value, n in counts.items()])
+        files.write_json(ctx.shard_file("counts", shard_index, ".json"), [[value, n] for value, n in counts.items()])
         return len(counts)
 
     def reduce(self, ctx: StageContext, unit: int) -> int:
@@ -221,7 +222,7 @@ class FrequencySelector(FieldSelector):
                 kept += n
         for s, pairs in enumerate(shards):
             plan = {"identity": select_num is None, "kept": kept, "starts": [[v, starts[v]] for v, _n in pairs if v in starts]}
-            _write_json(ctx.shard_file("plan", s, ".json"), plan)
+            files.write_json(ctx.shard_file("plan", s, ".json"), plan)
             for value, n in pairs:
                 if value in starts:
                     starts[value] += n
@@ -270,7 +271,7 @@ class RandomSelector(GlobalOp):
             order = np.lexsort((drawn["rank"], drawn["row"], parts))
             drawn, parts = drawn[order], parts[order]
         files.write_records(ctx.data("drawn.rec"), drawn, parts, ctx.num_shards)
-        _write_json(ctx.data("drawn.json"), {"identity": count is None, "count": count or 0})
+        files.write_json(ctx.data("drawn.json"), {"identity": count is None, "count": count or 0})
         return count or 0
 
     def _sample_number(self, total: int) -> int | None:
@@ -302,12 +303,3 @@ class RandomSelector(GlobalOp):
                 rank = int(drawn["rank"][at])
                 yield rank_target(rank, plan["count"], ctx.num_shards), rank, 0, line
                 at += 1
-
-
-def _write_json(path, value: Any) -> None:
-    from elastic_sharding import fsops
-
-    fsops.make_dirs(path.parent)
-    with fsops.atomic_output(path, replace=False) as out:
-        out.write(orjson.dumps(value))
-        out.commit()
