@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -19,7 +20,7 @@ from support.fakes import FakeRunner
 from support.jobs import fast_settings, sample_rows, write_jsonl
 
 from elastic_sharding.claims.protocol import Claims
-from elastic_sharding.claims.takeover import ShardScanner
+from elastic_sharding.claims.takeover import TAIL_WINDOW, ShardScanner
 from elastic_sharding.layout import JobLayout
 from elastic_sharding.prepare.job import PrepareRequest, prepare
 from elastic_sharding.prepare.plan import UNIT_BYTES_ENV
@@ -164,6 +165,75 @@ def test_a_claim_costs_the_same_metadata_operations_at_any_shard_count(tmp_path,
     small = _ops_per_claim(_prepare(tmp_path, 40), monkeypatch)
     large = _ops_per_claim(_prepare(tmp_path, 400), monkeypatch)
     assert large <= small * 1.25, f"{small:.1f} metadata operations per claim at 40 shards, {large:.1f} at 400"
+
+
+def _ops_per_claim_among(job: Path, others: int, monkeypatch) -> float:
+    """`others` workers on other hosts and this one take turns, each holding one running claim
+    (finishing it at its next turn, as a busy node does): this worker's metadata operations per
+    claim in the body of the job (its first pass, which reads every claim it has not seen, and the
+    tail are left out). Between two of its claims `others` shards were claimed: the number that
+    grows with the node count. The launchers' lease (600 s)."""
+    worker = Worker(job, WorkerOptions(lock_timeout_secs=600.0), runner=FakeRunner())
+    layout = worker.layout
+    ids = [spec.shard_id for spec in worker.manifest.shards]
+    peers = [ShardScanner(layout, ids, Claims(layout, f"node{k}", 1), 600.0, 1, lambda shard: None) for k in range(others)]
+    held: dict[int, object] = {}
+    ops = _ops_for(layout.root)
+    claims = 0
+    body_ends = len(ids) - TAIL_WINDOW - 2 * (others + 1)
+    with ops.counting(monkeypatch):
+        while True:
+            ops.on = False
+            for k, peer in enumerate(peers):
+                if held.get(k) is not None:
+                    peer.claims.finish(held[k], ClaimStatus.DONE)
+                held[k], _ = peer.next_claim()
+            ops.on = 0 < worker.scanner.position < body_ends
+            mine, _ = worker.scan()
+            if mine is None or worker.scanner.position >= body_ends:
+                break
+            claims += ops.on
+            worker._in_the_tail()
+            worker.claims.finish(mine, ClaimStatus.DONE)
+    assert claims >= body_ends // (others + 1) - 2
+    return ops.count / claims
+
+
+def test_a_claim_costs_about_the_same_metadata_operations_among_many_busy_workers(tmp_path, monkeypatch):
+    """Between two claims of one worker, every other worker claimed a shard: reading each of
+    those claims (and its heartbeat) made a claim cost O(nodes) reads, so the filesystem's load
+    per shard grew with the node count (issue 44). The search past the frontier reads O(log nodes)."""
+    job = _prepare(tmp_path, 800)
+    again = shutil.copytree(job, tmp_path / "again", symlinks=True)
+    few = _ops_per_claim_among(job, 3, monkeypatch)
+    many = _ops_per_claim_among(again, 31, monkeypatch)
+    assert many <= few * 1.3, f"{few:.1f} metadata operations per claim among 4 workers, {many:.1f} among 32"
+
+
+def test_an_idle_worker_polls_with_one_stat_and_sees_every_change(tmp_path, monkeypatch):
+    """Nothing is claimable: a poll costs one stat of the claims directory, not a read of every
+    running claim and its heartbeat (a 64-node job at its tail or at a stage barrier polled
+    O(nodes²) reads a second, issue 44); a claim handed back or finished is still seen at once."""
+    job = _prepare(tmp_path, 40)
+    worker = Worker(job, WorkerOptions(lock_timeout_secs=600.0), runner=FakeRunner())
+    others = Claims(worker.layout, "other-host", 1)
+    held = [others.try_claim(spec.shard_id) for spec in worker.manifest.shards]
+    assert all(held)
+    assert worker.scan() == (None, [])  # the first pass reads them all
+    ops = _ops_for(worker.layout.root)
+    with ops.counting(monkeypatch):
+        for _ in range(10):
+            assert worker.scan() == (None, [])
+            assert worker.backups.pick() is None
+    assert ops.count <= 10, f"{ops.count} metadata operations in 10 idle polls"
+    others.release(held[7])
+    mine, _ = worker.scan()
+    assert mine is not None and mine.shard_id == held[7].shard_id
+    worker.claims.finish(mine, ClaimStatus.DONE)
+    for claim in held[:7] + held[8:]:
+        others.finish(claim, ClaimStatus.DONE)
+    assert worker.scan() == (None, [])
+    assert worker.scanner.all_terminal()
 
 
 @pytest.mark.parametrize("point", ["prepare-write@2", "prepare-write-done@1"])

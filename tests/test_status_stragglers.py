@@ -18,6 +18,7 @@ from support.jobs import STATUS_SCHEMA
 from elastic_sharding import fsops
 from elastic_sharding.claims.backups import BackupPolicy
 from elastic_sharding.claims.protocol import Claims, new_attempt_id, new_token
+from elastic_sharding.claims.takeover import StalenessObserver
 from elastic_sharding.layout import JobLayout, attempt_files
 from elastic_sharding.observe.html_report import write_report
 from elastic_sharding.observe.status import Status
@@ -85,7 +86,8 @@ class _Records:
         """The shards a worker that found nothing to claim backs up, one after another (its own
         settings: the job's), having seen each heartbeat unchanged for no time at all."""
         scanner = SimpleNamespace(
-            running={shard: (claim, beat, 0.0) for shard, (claim, beat) in running.items()},
+            running=dict(running),
+            observer=StalenessObserver(600.0),
             terminal={s.shard_id: ClaimStatus.DONE for s in self.specs if self.layout.done(s.shard_id).exists()},
         )
         settings = self.manifest.request.settings

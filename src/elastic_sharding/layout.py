@@ -18,7 +18,7 @@ from elastic_sharding.records import ATTEMPT_ID_RE, SHARD_ID_RE, TOKEN_RE, Manif
 
 log = logging.getLogger(__name__)
 
-STATE_DIRS = ("locks", "stale_locks", "done", "failed", "history", "backups")
+STATE_DIRS = ("locks", "stale_locks", "done", "failed", "history", "backups", "blocks")
 _SUFFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
@@ -149,6 +149,11 @@ class JobLayout:
 
     def failed(self, shard_id: str) -> Path:
         return self.failed_dir / f"{check_shard_id(shard_id)}.json"
+
+    def done_block(self, block: int) -> Path:
+        """The marker that every shard of block `block` (`claims.takeover.DONE_BLOCK` shards in
+        manifest order) is done: a hint that saves each worker reading their claims one by one."""
+        return self.state / "blocks" / f"{block:06d}.done"
 
     @property
     def backups_dir(self) -> Path:

@@ -200,17 +200,24 @@ class BackupPolicy:
             return None
         if self.own and statistics.median(self.own) > SLOW_WORKER_FACTOR * median:
             return None
-        candidates, workers, backups = [], set(), 0
-        for shard_id, (record, heartbeat, unchanged) in self.scanner.running.items():
+        # Judged first from what the last pass read, with no read here: an idle worker polls this
+        # every interval, and most polls have no straggler to look at.
+        candidates = []
+        for shard_id, (record, heartbeat) in self.scanner.running.items():
+            candidate = self._candidate(record, heartbeat, self.scanner.observer.unchanged_for(shard_id), median)
+            if candidate is not None:
+                candidates.append(candidate)
+        if not candidates:
+            return None
+        workers, backups, backed_up = set(), 0, set()
+        for shard_id, (record, _heartbeat) in self.scanner.running.items():
             workers.add((record.host, record.pid))
             backup = read_backup(self.claims.layout, shard_id, record.token)
             if backup is not None:
                 workers.add((backup.host, backup.pid))
                 backups += self._backup_running(shard_id, backup)
-                continue
-            candidate = self._candidate(record, heartbeat, unchanged, median)
-            if candidate is not None:
-                candidates.append(candidate)
+                backed_up.add(shard_id)
+        candidates = [c for c in candidates if c.record.shard_id not in backed_up]
         workers.add((self.claims.host, self.claims.pid))
         if not candidates or backups >= max(1, math.floor(self.settings.backup_share * len(workers))):
             return None

@@ -10,11 +10,13 @@ worker may still win. A shard whose failures reached the retry limit becomes ter
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 
-from elastic_sharding import confined
+from elastic_sharding import confined, fsops
 from elastic_sharding.claims.heartbeat import read_claim_heartbeat
 from elastic_sharding.claims.history import count_failures
 from elastic_sharding.claims.protocol import Claim, Claims, read_claim
@@ -27,6 +29,43 @@ log = logging.getLogger(__name__)
 
 # Near the end of the manifest, how many shards past the last claim the tail rule reads at least.
 TAIL_WINDOW = 32
+# A running claim's heartbeat is read at most this many times a lease; see ShardScanner.
+WATCHES_PER_LEASE = 4
+# With nothing left past the frontier, a full pass at least every this many polls even if the
+# claims directory looks unchanged (a NAS may cache a directory's attributes).
+REFRESH_POLLS = 15
+# Shards per done-block marker (`JobLayout.done_block`): the first worker whose full pass finds every
+# claim of a block done publishes it; the others then skip that block's claims with one read.
+DONE_BLOCK = 64
+
+
+def first_unclaimed(start: int, count: int, claimed: Callable[[int], bool], guess: int = 1) -> int | None:
+    """The first index in [start, count) that `claimed` says is free, assuming the claimed ones
+    from `start` on form a prefix (claims are made in order); None if all are claimed.
+
+    Claimers that take items in order leave the items claimed since one's last look at the front
+    of what is left: reading them one by one costs O(claimers) reads per claim, so a filesystem's
+    load per item grows with the node count. This reads O(log k) for k claimed since: a first probe
+    at `guess` (as many as last time), then galloping and a binary search. A hole the prefix
+    assumption misses (a release) is for the caller's full pass to find."""
+    low, step, high = start, max(1, guess), None
+    while low < count:
+        probe = min(low + step - 1, count - 1)
+        if not claimed(probe):
+            high = probe
+            break
+        low, step = probe + 1, (1 if step == guess else step * 2)
+    if high is None:
+        return None
+    if high > low and claimed(high - 1):
+        return high  # the one before is claimed: `high` is the first free one
+    while low < high:
+        mid = (low + high) // 2
+        if claimed(mid):
+            low = mid + 1
+        else:
+            high = mid
+    return low
 
 
 class StalenessObserver:
@@ -53,7 +92,23 @@ class StalenessObserver:
 
 
 class ShardScanner:
-    """One worker's passes over the shards in manifest order; remembers the terminal ones."""
+    """One worker's passes over the shards in manifest order; remembers the terminal ones.
+
+    Claims are made in manifest order, so the claimed shards form a prefix of the manifest
+    (holes come only from releases, takeovers and shards a worker avoids). A worker between two
+    claims therefore does not re-read every claim behind it: it searches past its *frontier* (the
+    end of the prefix it knows) by galloping, reading O(log k) claims where k shards were claimed
+    since its last claim (k grows with the node count). Everything behind the frontier (releases,
+    completions, stale claims to take over, backups) is the *full pass*'s: the original pass from
+    the first non-terminal shard, made at the start, every `watch` seconds, and when nothing is
+    left past the frontier; and then only if the claims directory changed since the last one (one
+    stat) or `refresh` seconds went by. A heartbeat is read at most every `watch` seconds per
+    claim: staleness is judged on this process's clock between reads, so a dead claim is taken
+    over after between one lease and a lease plus `watch`. An idle worker thus costs a stat per
+    poll, not a read of every running claim (docs/concepts/filesystems.md, "Load"). A full pass
+    must learn that each shard behind it is done, which is one read per shard and worker; the
+    done-block markers make that one read per `DONE_BLOCK` shards for all but the first worker.
+    """
 
     def __init__(
         self,
@@ -63,6 +118,7 @@ class ShardScanner:
         lease_secs: float,
         max_retries: int,
         on_done: Callable[[str], None],
+        refresh_secs: float | None = None,
     ):
         self.layout = layout
         self.shard_ids = shard_ids
@@ -70,14 +126,23 @@ class ShardScanner:
         self.max_retries = max_retries
         self.on_done = on_done  # a shard found done: its attempts' leftovers may be swept
         self.observer = StalenessObserver(lease_secs)
+        self.watch = lease_secs / WATCHES_PER_LEASE
+        self.refresh = min(self.watch, refresh_secs if refresh_secs is not None else self.watch)
         self.terminal: dict[str, str] = {}
         self._failed: dict[str, None] = {}  # the terminally failed among them, in the order found
         self._first = 0  # shards before it are all terminal: a pass starts here
+        self._frontier = 0  # shards before it were claimed when read (holes are the full pass's)
+        self._full_at: float | None = None  # when the last full pass began (monotonic)
+        self._signature: tuple[int, ...] | None = None  # the claims directory as that pass found it
+        self._beats: dict[str, tuple[str, Heartbeat | None, float]] = {}  # shard -> (token, heartbeat, read at)
+        self._owners: dict[tuple[str, int], float] = {}  # other workers with a running claim -> last seen
+        self._gap = 1  # how far past the frontier the last search found an unclaimed shard
+        self._done_blocks: set[int] = set()  # blocks known done (marker read or published)
         self.position = 0  # where the last pass claimed (or ended)
         self.running_seen = 0  # other workers' running claims the last pass read before `position`
-        # Other workers' live claims the last pass read, with their heartbeats and how long this
-        # process has seen that heartbeat unchanged (on its own clock): what backups judge.
-        self.running: dict[str, tuple[ClaimRecord, Heartbeat | None, float]] = {}
+        # Other workers' live claims the last full pass read, with their last heartbeats: what
+        # backups judge (with `observer.unchanged_for`, how long it has not changed here).
+        self.running: dict[str, tuple[ClaimRecord, Heartbeat | None]] = {}
         self._avoid: dict[str, float] = {}  # shard -> until when (monotonic) this worker leaves it to others
         self.other_hosts: set[str] = set()  # hosts other than this one whose claims a pass has read
 
@@ -94,12 +159,17 @@ class ShardScanner:
         del self._avoid[shard_id]
         return False
 
+    def rescan(self) -> None:
+        """Make the next pass a full one: this worker gave a claim back (or knows of a change)."""
+        self._full_at = None
+
     def failed(self) -> list[str]:
         return list(self._failed)
 
     def mark_terminal(self, shard_id: str, status: str) -> None:
         """Remember a shard found (or made) terminal: no pass reads its claim again."""
         self.terminal[shard_id] = status
+        self._beats.pop(shard_id, None)
         if status == ClaimStatus.FAILED:
             self._failed[shard_id] = None
 
@@ -107,57 +177,144 @@ class ShardScanner:
         return len(self.terminal) == len(self.shard_ids)
 
     def next_claim(self) -> tuple[Claim | None, list[str]]:
-        """One pass: claim the first claimable shard; or the terminally failed shards."""
+        """Claim the next claimable shard (past the frontier, else by a full pass when one is due);
+        or the terminally failed shards."""
         failed = self.failed()
         if failed:
             return None, failed
+        now = time.monotonic()
+        if self._full_at is not None and now - self._full_at < self.watch:
+            claim = self._claim_past_frontier()
+            if claim is not None:
+                return self._within_retry_limit(claim)
+            if self._failed:
+                return None, self.failed()
+            if now - self._full_at < self.refresh and self._claims_signature() == self._signature:
+                return None, []
+        return self._full_pass()
+
+    def _claims_signature(self) -> tuple[int, ...] | None:
+        """The claims directory's attributes: any claim made, rewritten or moved away changes them."""
+        try:
+            st = os.lstat(self.layout.locks_dir)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink)
+
+    def _probe(self, at: int) -> bool:
+        """Whether shard `at` has a claim (or is terminal): one read, none for a known terminal one."""
+        shard_id = self.shard_ids[at]
+        if shard_id in self.terminal:
+            return True
+        try:
+            record = read_claim(self.layout, shard_id)
+        except ValueError:
+            return True  # unreadable: the full pass warns about it
+        if record is None:
+            return False
+        self._saw(record)
+        if record.status != ClaimStatus.RUNNING:
+            self.mark_terminal(shard_id, record.status)
+        return True
+
+    def _claim_past_frontier(self) -> Claim | None:
+        """Gallop past the frontier to the first shard without a claim (the claimed ones past it
+        are a prefix), and claim it; a lost race moves on."""
+        count = len(self.shard_ids)
+        low = max(self._frontier, self._first)
+        while low < count:
+            found = first_unclaimed(low, count, self._probe, self._gap)
+            if found is None:
+                break
+            self._gap = found - low + 1
+            self._frontier = found + 1
+            self.position = found
+            shard_id = self.shard_ids[found]
+            low = found + 1
+            if self._avoided(shard_id) or self._completed_unclaimed(shard_id):
+                continue
+            if self._failed:
+                return None
+            claim = self.claims.try_claim(shard_id)
+            if claim is not None:
+                return claim
+        self._frontier = count
+        return None
+
+    def _completed_unclaimed(self, shard_id: str) -> bool:
+        """A shard without a claim that is done or failed anyway (its owner died before recording
+        it, or its claim was removed by hand): recorded as terminal, never claimed."""
+        completed = confined.lexists(self.layout.done(shard_id))
+        state = shard_state(None, completed, not completed and confined.lexists(self.layout.failed(shard_id)))
+        if state == ShardState.DONE:
+            self.claims.try_claim(shard_id, status=ClaimStatus.DONE)
+            self.mark_terminal(shard_id, ClaimStatus.DONE)
+            self.on_done(shard_id)  # its publisher died before recording it
+            return True
+        if state == ShardState.FAILED:
+            self.mark_terminal(shard_id, ClaimStatus.FAILED)
+            return True
+        return False
+
+    def _saw(self, record: ClaimRecord) -> None:
+        if record.host != self.claims.host:
+            self.other_hosts.add(record.host)
+        if record.status == ClaimStatus.RUNNING and (record.host, record.pid) != (self.claims.host, self.claims.pid):
+            self._owners[(record.host, record.pid)] = time.monotonic()
+
+    def _full_pass(self) -> tuple[Claim | None, list[str]]:
+        """The pass from the first non-terminal shard: claim the first claimable one, judging every
+        running claim on the way (repair, takeover) and noting them for backups."""
+        self._full_at = time.monotonic()
+        self._signature = self._claims_signature()
         self.running_seen = 0
         self.running = {}
         for at in range(self._first, len(self.shard_ids)):
             shard_id = self.shard_ids[at]
             self.position = at
+            self._frontier = max(self._frontier, at)
+            if at % DONE_BLOCK == 0 and shard_id not in self.terminal:
+                self._read_done_block(at)
             if shard_id in self.terminal:
                 if at == self._first:
                     self._first += 1
+                self._publish_done_block(at)
                 continue
             try:
                 record = read_claim(self.layout, shard_id)
             except ValueError as exc:
                 log.warning("unreadable claim of %s (%s); skipping it this round", shard_id, exc)
                 continue
-            if record is not None and record.host != self.claims.host:
-                self.other_hosts.add(record.host)
+            if record is not None:
+                self._saw(record)
             if record is not None and record.status != ClaimStatus.RUNNING:
                 self.mark_terminal(shard_id, record.status)
                 self.observer.forget(shard_id)
                 if record.status == ClaimStatus.FAILED:
                     return None, [shard_id]
+                self._publish_done_block(at)
                 continue
             if record is None:
-                completed = confined.lexists(self.layout.done(shard_id))
-                state = shard_state(None, completed, not completed and confined.lexists(self.layout.failed(shard_id)))
-                if state == ShardState.DONE:
-                    self.claims.try_claim(shard_id, status=ClaimStatus.DONE)
-                    self.mark_terminal(shard_id, ClaimStatus.DONE)
-                    self.on_done(shard_id)  # its publisher died before recording it
+                if self._completed_unclaimed(shard_id):
+                    if self._failed:
+                        return None, [shard_id]
                     continue
-                if state == ShardState.FAILED:
-                    self.mark_terminal(shard_id, ClaimStatus.FAILED)
-                    return None, [shard_id]
                 if self._avoided(shard_id):
                     continue
                 claim = self.claims.try_claim(shard_id)
                 if claim is not None:
+                    self._frontier = max(self._frontier, at + 1)
                     return self._within_retry_limit(claim)
                 continue
             stale, heartbeat = self._stale(record)
             if not stale:
                 if (record.host, record.pid) != (self.claims.host, self.claims.pid):
                     self.running_seen += 1
-                    self.running[shard_id] = (record, heartbeat, self.observer.unchanged_for(shard_id))
+                    self.running[shard_id] = (record, heartbeat)
                 continue
             unchanged = self.observer.unchanged_for(shard_id)
             self.observer.forget(shard_id)
+            self._beats.pop(shard_id, None)
             if confined.lexists(self.layout.done(shard_id)):
                 # Completed, but its owner died before recording it in the claim (P6 repair).
                 self.claims.repair_done(record, unchanged)
@@ -168,17 +325,51 @@ class ShardScanner:
                 claim = self.claims.try_claim(shard_id)
                 if claim is not None:
                     return self._within_retry_limit(claim)
+        self._frontier = len(self.shard_ids)
         return None, self.failed()
+
+    def _block_ids(self, block: int) -> list[str]:
+        return self.shard_ids[block * DONE_BLOCK : (block + 1) * DONE_BLOCK]
+
+    def _read_done_block(self, at: int) -> None:
+        """At the start of a block behind the frontier: if its marker exists, every shard of it is
+        done (markers are published only after reading every claim of the block done)."""
+        block = at // DONE_BLOCK
+        if block in self._done_blocks or (block + 1) * DONE_BLOCK > self._frontier:
+            return
+        if not confined.lexists(self.layout.done_block(block)):
+            return
+        self._done_blocks.add(block)
+        for shard_id in self._block_ids(block):
+            if shard_id not in self.terminal:
+                self.mark_terminal(shard_id, ClaimStatus.DONE)
+                self.observer.forget(shard_id)
+
+    def _publish_done_block(self, at: int) -> None:
+        """At the last shard of a block: publish its marker if every shard of it is known done."""
+        block = at // DONE_BLOCK
+        ids = self._block_ids(block)
+        if at != block * DONE_BLOCK + len(ids) - 1 or block in self._done_blocks:
+            return
+        if all(self.terminal.get(shard_id) == ClaimStatus.DONE for shard_id in ids):
+            self._done_blocks.add(block)
+            with contextlib.suppress(OSError):  # a hint: the next full pass reads the claims instead
+                fsops.publish_once(self.layout.done_block(block), f"{ids[0]} {ids[-1]}\n".encode())
 
     def in_the_tail(self) -> bool:
         """Fewer unclaimed shards than busy workers, from where the last pass claimed on: a
         shard claimed ahead now would wait for this worker while another one goes idle. Never
         lists a directory: far from the end of the manifest it reads nothing (a worker holds at
         most two claims, so there are more shards left than busy workers could hold); near it,
-        it reads the claims that are left, at most `TAIL_WINDOW` plus two per running claim."""
-        if len(self.shard_ids) - self.position > TAIL_WINDOW + 2 * self.running_seen:
+        it reads the claims that are left, at most `TAIL_WINDOW` plus two per running claim.
+        The busy workers behind that point are those the full pass counted, or the other workers
+        seen holding a claim within the last `watch` seconds, whichever is more."""
+        now = time.monotonic()
+        owners = sum(1 for seen in self._owners.values() if now - seen < self.watch)
+        behind = max(self.running_seen, owners)
+        if len(self.shard_ids) - self.position > TAIL_WINDOW + 2 * behind:
             return False
-        unclaimed, busy = 0, self.running_seen
+        unclaimed, busy = 0, behind
         for shard_id in self.shard_ids[self.position :]:
             if shard_id in self.terminal:
                 continue
@@ -193,9 +384,16 @@ class ShardScanner:
         return unclaimed < busy
 
     def _stale(self, record: ClaimRecord) -> tuple[bool, Heartbeat | None]:
+        """Whether the claim is stale, reading its heartbeat only if the last read of it (for this
+        claim) is `watch` seconds old: between reads it is not judged."""
+        now = time.monotonic()
+        seen = self._beats.get(record.shard_id)
+        if seen is not None and seen[0] == record.token and now - seen[2] < self.watch:
+            return False, seen[1]
         heartbeat = read_claim_heartbeat(self.layout, record)
         if heartbeat is not None and heartbeat.token != record.token:
             heartbeat = None
+        self._beats[record.shard_id] = (record.token, heartbeat, now)
         seq = heartbeat.seq if heartbeat is not None else 0
         return self.observer.is_stale(record.shard_id, record.token, seq), heartbeat
 

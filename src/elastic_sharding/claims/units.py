@@ -27,10 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from elastic_sharding import crashpoints, errors, fsops
+from elastic_sharding import confined, crashpoints, errors, fsops
 from elastic_sharding.claims.heartbeat import LeaseKeeper, read_heartbeat_file
 from elastic_sharding.claims.protocol import new_token, remove_if_token
-from elastic_sharding.claims.takeover import StalenessObserver
+from elastic_sharding.claims.takeover import StalenessObserver, first_unclaimed
 from elastic_sharding.errors import ElasticShardError
 from elastic_sharding.records import DedupUnitDone, KeptShard, StageFailure, UnitClaim, decode, encode
 
@@ -163,14 +163,28 @@ class Units:
     ) -> None:
         """Until every unit of `names` has a result: claim the first one nobody holds, do it.
 
-        One unit per pass, from the first still pending: those before it are held by other
-        processes; those after it are not looked at until the next pass. `check` runs before
-        every pass (to raise when the work as a whole failed or stopped); `progress` hears how
-        many units each pass found finished.
+        Units are claimed in order: first past the frontier (the units claimed when last read)
+        without reading the claims behind it; once none is left there, one unit per pass from
+        the first still pending (taking stale claims over, waiting for the others'). `check` runs
+        before every pass (to raise when the work as a whole failed or stopped); `progress` hears
+        how many units were found finished (this process's own, one at a time, then the rest).
         """
         pending = list(names)
+        frontier, gap = 0, 1
         while pending:
             check()
+            # Past the frontier, the first unit without a claim, by galloping (`first_unclaimed`):
+            # O(log participants) reads a claim instead of one per unit the others hold.
+            found = first_unclaimed(frontier, len(names), lambda at: confined.lexists(self.paths.lock(names[at])), gap)
+            if found is not None:
+                gap, frontier = found - frontier + 1, found + 1
+                name = names[found]
+                token = self.try_claim(name)
+                if token is not None and self.complete(name, token, do, crash_point) and name in pending:
+                    pending.remove(name)
+                    progress(1)
+                continue
+            frontier = len(names)
             progressed = False
             still: list[str] = []
             for at, name in enumerate(pending):

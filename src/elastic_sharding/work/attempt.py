@@ -106,10 +106,10 @@ class AttemptSteps(AttemptRecipes, AttemptLeftovers):
             fsops.ensure_dir(attempt_dir.parent)
             created = fsops.make_dir_exclusive(attempt_dir)
         except OSError:
-            self.claims.release(claim)
+            self._release(claim)
             raise
         if not created:
-            self.claims.release(claim)
+            self._release(claim)
             raise JobStateError(
                 f"attempt directory {attempt_dir} already exists; run the worker again (it takes a new attempt id)"
             )
@@ -353,7 +353,7 @@ class AttemptSteps(AttemptRecipes, AttemptLeftovers):
             return
         if status == AttemptStatus.INTERRUPTED:
             if not self._hand_to_backup(claim):
-                self.claims.release(claim)
+                self._release(claim)
             log.warning("%s: handed back (%s)", claim.shard_id, error)
             return
         failures, last_attempt, last_error = count_failures(self.layout, claim.shard_id)
@@ -372,7 +372,13 @@ class AttemptSteps(AttemptRecipes, AttemptLeftovers):
             self.claims.mark_failed_terminal(claim, failures, last_attempt, error)
             self.scanner.mark_terminal(claim.shard_id, ClaimStatus.FAILED)
         else:
-            self.claims.release(claim)
+            self._release(claim)
+
+    def _release(self, claim: Claim) -> None:
+        """Give the claim back; the next pass is a full one, so that this worker sees the shard
+        it handed back (behind its frontier) as claimable again."""
+        self.claims.release(claim)
+        self.scanner.rescan()
 
     def _hand_to_backup(self, claim: Claim) -> bool:
         """Hand a claim whose attempt ended without output to its backup attempt, if one runs:

@@ -26,7 +26,7 @@ from pathlib import Path
 from elastic_sharding import confined, fsops
 from elastic_sharding.claims.backups import BackupPolicy
 from elastic_sharding.claims.protocol import Claim, Claims
-from elastic_sharding.claims.takeover import ShardScanner
+from elastic_sharding.claims.takeover import REFRESH_POLLS, ShardScanner
 from elastic_sharding.errors import EXIT_ERROR, EXIT_OK, JobStateError
 from elastic_sharding.fsprobe import check_job_filesystem
 from elastic_sharding.layout import JobLayout
@@ -113,7 +113,13 @@ class Worker(AttemptSteps, ClaimAhead):
         self.claims = Claims(self.layout, self.host, os.getpid())
         shard_ids = [spec.shard_id for spec in manifest.shards]
         self.scanner = ShardScanner(
-            self.layout, shard_ids, self.claims, self.settings.lock_timeout_secs, self.settings.max_retries, self._sweep_leftovers
+            self.layout,
+            shard_ids,
+            self.claims,
+            self.settings.lock_timeout_secs,
+            self.settings.max_retries,
+            self._sweep_leftovers,
+            refresh_secs=self.settings.poll_interval_secs * REFRESH_POLLS,
         )
         self.backups = BackupPolicy(self.claims, self.scanner, manifest, self.settings)
 
