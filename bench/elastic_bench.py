@@ -20,10 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import analyze_measure
+import coordination_measure
 import dedup_measure
 import global_ops_measure
 import orjson
 import scale
+import stage_scale_measure
 import tail_measure
 from bench_lib import REPO, Bench, BenchError, Result, machine_info, progress
 from bench_measures import (
@@ -124,6 +126,8 @@ NAMES = (
     *tail_measure.NAMES,
     *analyze_measure.NAMES,
     *global_ops_measure.NAMES,
+    *coordination_measure.NAMES,
+    *stage_scale_measure.NAMES,
 )
 IO_NAMES = ("prepare", "prepare_original", "prepare_noop", "prepare_procs", "prepare_coop", "merge", "merge_dir")
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -136,6 +140,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tail": tail_measure.NAMES,
     "analyze": analyze_measure.NAMES,
     "global_ops": global_ops_measure.NAMES,
+    "coordination": (*coordination_measure.NAMES, *stage_scale_measure.NAMES),
 }
 
 
@@ -176,6 +181,10 @@ def _plan(wanted: tuple[str, ...]) -> list[tuple[tuple[str, ...], Callable[[Benc
         plan.append((names, lambda b, s, n=names: analyze_measure.measure_analyze(b, s, n)))
     if names := want(*global_ops_measure.NAMES):
         plan.append((names, lambda b, s, n=names: global_ops_measure.measure_global_ops(b, s, n)))
+    if names := want(*coordination_measure.NAMES):
+        plan.append((names, lambda b, s, n=names: coordination_measure.measure_coordination(b, s, n)))
+    if names := want(*stage_scale_measure.NAMES):
+        plan.append((names, lambda b, s, n=names: stage_scale_measure.measure_stage_scale(b, s, n)))
     return plan
 
 
@@ -212,6 +221,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, help="parent of the run's fresh work directory (default /tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, jobs) afterwards")
     parser.add_argument("--timeout", type=float, default=1800, help="limit for any one step, seconds (default %(default)s)")
+    coordination_measure.add_arguments(parser)
+    stage_scale_measure.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.our_runner not in RUNNERS:
         parser.error(f"runner {args.our_runner!r} is not available in this checkout (have: {', '.join(RUNNERS)})")
@@ -223,6 +234,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         wanted += GROUPS.get(name, (name,))
     args.wanted = tuple(n for n in NAMES if n in wanted)
     sizes = QUICK if args.quick else DEFAULT
+    try:
+        args.coordination = coordination_measure.sizes(args)
+        args.stage_scale = stage_scale_measure.sizes(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     rows = args.rows or sizes.rows
     args.sizes = dataclasses.replace(
         sizes,
@@ -303,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="elastic-bench-", dir=parent))
     bench = Bench(work, args.our_runner, args.timeout)
+    bench.shared["coordination"] = args.coordination
+    bench.shared["stage_scale"] = args.stage_scale
     progress(f"work dir {work}; ours = runner {args.our_runner!r}; measuring {', '.join(args.wanted)}")
     started = time.monotonic()
     results: list[Result] = []

@@ -412,3 +412,107 @@ def test_analyze_rows_are_selected_and_printed_pass_or_fail() -> None:
 def test_dj_analyze_script_refuses_a_wrong_command_line() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "dj_analyze.py")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "usage: dj_analyze.py RECIPE" in proc.stderr
+
+
+def test_stage_scale_rows_are_selected_sized_and_audited(tmp_path: Path) -> None:
+    """The stage_scale and dlc_elections rows need the GlusterFS cluster (`bench/run --quick --only
+    stage_scale_exact,stage_scale_minhash,dlc_elections`): here only their selection, their sizes,
+    their input and the audit that fails a row whose unit was run twice or taken over."""
+    import elastic_bench
+    import stage_scale_measure as ssm
+
+    args = elastic_bench._parse(["--quick", "--only", ",".join(ssm.NAMES)])
+    assert args.wanted == ssm.NAMES and args.stage_scale == ssm.QUICK
+    assert [names for names, _ in elastic_bench._plan(args.wanted)] == [ssm.NAMES]
+    assert set(ssm.NAMES) <= set(elastic_bench.GROUPS["coordination"])
+    flags = ["--only", "dlc_elections", "--stage-participants", "1,3", "--stage-mode", "strict", "--dlc-instances", "5"]
+    sized = elastic_bench._parse(flags).stage_scale
+    assert (sized.stage_participants, sized.mode, sized.dlc_instances, sized.stage_rows) == ((1, 3), "strict", 5, 1_000_000)
+
+    planted = ssm.write_tiny_shards(tmp_path / "input", 300, 4)
+    rows = [
+        orjson.loads(line) for path in sorted((tmp_path / "input").glob("*.jsonl")) for line in path.read_bytes().splitlines()
+    ]
+    assert [row["id"] for row in rows] == list(range(300)) and sum(planted.values()) == 300 and planted["exact"] > 0
+    assert min(len(row["text"].split()) for row in rows) >= 5  # every row has a minhash shingle
+
+    def run(ran: list[list[str]], stale: int = 0) -> dict:
+        owner = {name: [f"node{i + 1}", i + 1] for i, names in enumerate(ran) for name in names}
+        units = {name: {"result": holder, "claim": holder, "stale_claims": 0} for name, holder in owner.items()}
+        units["buckets-00000"]["stale_claims"] = stale
+        reports = [{"host": f"node{i + 1}", "ran": [[name, 0.0, 1.0] for name in names], "record": {"rounds": 0}, "kept": 7, "kept_sha256": "x"}
+                   for i, names in enumerate(ran)]  # fmt: skip
+        return {"reports": reports, "audit": {"units": units, "stage_done": True}}
+
+    clean = ssm._check_stage(run([["keys-00000"], ["keys-00001", "buckets-00000"]]))
+    assert clean["problems"] == [] and clean["units"] == 3 and clean["units_run_once"] == 3
+    twice = ssm._check_stage(run([["keys-00000", "buckets-00000"], ["keys-00001", "buckets-00000"]], stale=1))
+    assert any("run more than once" in p for p in twice["problems"]) and any("taken over" in p for p in twice["problems"])
+
+
+# Two bricks, as `gluster volume profile VOL info cumulative` prints them (GlusterFS 10.3), and an
+# interval table that must not be counted again.
+GLUSTER_PROFILE = """Brick: 10.200.1.1:/tmp/es-cluster-1-a/brick
+--------------------------------------------------
+Cumulative Stats:
+   Block Size:                256b+                 512b+
+ No. of Reads:                   51                     2
+No. of Writes:                   81                    80
+ %-latency   Avg-latency   Min-Latency   Max-Latency   No. of calls         Fop
+ ---------   -----------   -----------   -----------   ------------        ----
+      0.00       0.00 ns       0.00 ns       0.00 ns            309     RELEASE
+      0.00       0.00 ns       0.00 ns       0.00 ns            192  RELEASEDIR
+      0.96   45520.41 ns   18477.00 ns  483980.00 ns             81        READ
+      4.42   81132.46 ns   36154.00 ns 2807319.00 ns            209       WRITE
+     20.69   69040.55 ns   12959.00 ns 3846876.00 ns           1149      LOOKUP
+
+    Duration: 7 seconds
+   Data Read: 28015 bytes
+Data Written: 78334 bytes
+
+Interval 0 Stats:
+ %-latency   Avg-latency   Min-Latency   Max-Latency   No. of calls         Fop
+ ---------   -----------   -----------   -----------   ------------        ----
+     20.69   69040.55 ns   12959.00 ns  3846876.00 ns          1149      LOOKUP
+
+Brick: 10.200.1.1:/tmp/es-cluster-1-a/brick2
+--------------------------------------------------
+Cumulative Stats:
+ %-latency   Avg-latency   Min-Latency   Max-Latency   No. of calls         Fop
+ ---------   -----------   -----------   -----------   ------------        ----
+      1.00   10.00 us       1.00 us       20.00 us              1      LOOKUP
+      2.00   10.00 us       1.00 us       20.00 us              7      CREATE
+"""
+
+
+def test_coordination_rows_are_selected_and_the_gluster_profile_is_summed() -> None:
+    import coordination_measure as coordination
+    import elastic_bench
+
+    args = elastic_bench._parse(["--quick", "--only", "coordination"])  # the group may hold other modules' rows too
+    assert set(coordination.NAMES) <= set(args.wanted) == set(elastic_bench.GROUPS["coordination"])
+    assert coordination.NAMES in [names for names, _ in elastic_bench._plan(args.wanted)]
+    assert args.coordination == coordination.QUICK and max(coordination.QUICK.nodes) <= 8
+    full = elastic_bench._parse(
+        ["--only", "coordination_idle", "--coordination-mode", "strict", "--coordination-single-node-full"]
+    )
+    assert full.coordination.mode == "strict" and full.coordination.run_shards(1) == full.coordination.shards == 4000
+    assert coordination.DEFAULT.run_shards(1) == 400 and coordination.DEFAULT.run_shards(32) == 4000
+    assert elastic_bench._parse(["--quick", "--coordination-shards", "20"]).coordination.run_shards(1) == 20
+    assert (coordination.DEFAULT.lease, coordination.DEFAULT.poll) == (600, 2)  # the launchers' settings
+    with pytest.raises(SystemExit):
+        elastic_bench._parse(["--only", "coordination", "--coordination-nodes", "1,2,3"])
+
+    fops = coordination.parse_profile(GLUSTER_PROFILE)
+    assert fops == {"RELEASE": 309, "RELEASEDIR": 192, "READ": 81, "WRITE": 209, "LOOKUP": 1150, "CREATE": 7}
+    assert coordination.metadata_ops(fops) == 309 + 192 + 1150 + 7 and coordination.data_ops(fops) == 81 + 209
+    with pytest.raises(RuntimeError):
+        coordination.parse_profile("Volume es is not started\n")
+
+    # 4 busy workers alone: 2 ops/s; 2 busy + 2 idle: 5 ops/s; 1 busy + 3 idle at the tail: 3.5 ops/s.
+    figures = [
+        {"busy_workers": b, "idle_workers": i, "metadata_ops_per_sec": r} for b, i, r in ((2, 2, 5.0), (4, 0, 2.0), (1, 3, 3.5))
+    ]
+    rates = coordination.idle_rates(*figures)
+    assert rates == {"per_busy_worker": 0.5, "per_idle_worker": 2.0, "per_idle_worker_at_tail": 1.0}
+    assert coordination.project(rates, 64) == {"mixed": 80.0, "all_busy": 32.0, "tail": 63.5}
