@@ -226,11 +226,19 @@ def test_an_idle_worker_polls_with_one_stat_and_sees_every_change(tmp_path, monk
             assert worker.scan() == (None, [])
             assert worker.backups.pick() is None
     assert ops.count <= 10, f"{ops.count} metadata operations in 10 idle polls"
+    others.finish(held[3], ClaimStatus.DONE)  # a change: the next poll passes over them again
+    opened = _ops_for(worker.layout.locks_dir)
+    opened.EVENTS = ("open",)
+    opened.on = True
+    assert worker.scan() == (None, [])
+    opened.on = False
+    assert opened.count <= 2, f"{opened.count} claims opened again; only the one that changed should be"
+    assert worker.scanner.terminal.get(held[3].shard_id) == ClaimStatus.DONE
     others.release(held[7])
     mine, _ = worker.scan()
     assert mine is not None and mine.shard_id == held[7].shard_id
     worker.claims.finish(mine, ClaimStatus.DONE)
-    for claim in held[:7] + held[8:]:
+    for claim in held[:3] + held[4:7] + held[8:]:
         others.finish(claim, ClaimStatus.DONE)
     assert worker.scan() == (None, [])
     assert worker.scanner.all_terminal()
