@@ -1,6 +1,7 @@
 """Project a whole job to many nodes from measured rates: wall time, speed-up and serial fraction.
 
     bench/scale --prepare-mbps X --process-mbps Y --merge-mbps Z [--per-shard-secs S] [...]
+    bench/scale --from-json bench/results/latest.json [--prepare-mbps X ...]
 
 `bench/run` runs the same projection at its end from the rates it measured in that run (and
 writes it to its JSON under "scale"). Only the standard library is used, so any Python runs it.
@@ -13,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,19 @@ u_keys = B / shards / keys_rate;  u_keep = B / shards / keep_rate;  u_buckets = 
 u_components = R / U_components * round_cost;  R = rows = B * rows_per_MB;  w = stage processes per node
 (rates of one process; the keys units that overlap the previous segment's last shards are not credited.)"""
 
-__doc__ = (__doc__ or "") + "\n" + FORMULA + "\n\n" + DEDUP_FORMULA + "\n"
+COORD_FORMULA = """\
+With the coordination measured on a shared filesystem (the coordination_* rows, up to N nodes), process(n) gains
+coord(n)  = shards / n * c(n),   c(n) = c_N * max(1, n / N)^a
+c_N       = N / claims_N - sleep  (= makespan * N / S - sleep: a worker's seconds per shard beyond its work at N nodes)
+a         = ln(c_N / c_M) / ln(N / M), at least 0  (M: the fewest nodes above 1 measured; the growth past N)
+per_shard (shard_cost: one worker, a local disk) holds that worker's claim and publish on the local
+disk; c(n) is all of it on the shared filesystem, so the local part is counted twice (an upper bound).
+Load on the shared filesystem (the NAS), metadata operations per second:
+processing(n) = shards / process(n) * meta_ops_per_shard + n * busy_ops_per_worker
+idle(n)       = n * idle_ops_per_worker  (a job at its tail: every worker polls, none claims)
+claims needed = shards / process(n), against claims_N measured (held back by its `sleep`: a lower bound)"""
+
+__doc__ = (__doc__ or "") + "\n" + FORMULA + "\n\n" + DEDUP_FORMULA + "\n\n" + COORD_FORMULA + "\n"
 
 
 @dataclass
@@ -76,6 +90,28 @@ class Rates:
     dedup_rounds: int = 0  # components rounds (about the widest duplicate cluster's diameter)
     dedup_barrier_secs: float = 0.0  # between two phases: the last unit's end to the next phase's start
     dedup_procs_per_node: int = 1  # stage participants per node (workers per node)
+    # The coordination on a shared filesystem (None: not measured; COORD_FORMULA).
+    coord_secs_per_shard: float | None = None  # c_N: a worker's seconds per shard beyond its work, at coord_nodes
+    coord_growth_exponent: float = 0.0  # a: c(n) grows as (n / coord_nodes)^a past coord_nodes
+    coord_nodes: int | None = None  # N: the node count the coordination terms were measured at
+    coord_claims_per_sec: float | None = None  # claims/s measured at coord_nodes
+    meta_ops_per_shard: float | None = None  # metadata operations on the shared filesystem per shard, at coord_nodes
+    idle_ops_per_worker_per_sec: float | None = None  # metadata ops/s of one worker that finds nothing to claim
+    busy_ops_per_worker_per_sec: float | None = None  # metadata ops/s of one worker holding a shard (heartbeats)
+
+    @property
+    def coordinated(self) -> bool:
+        """Whether any coordination term was measured (the NAS table and COORD_FORMULA are printed)."""
+        return any(
+            value is not None
+            for value in (
+                self.coord_secs_per_shard,
+                self.coord_claims_per_sec,
+                self.meta_ops_per_shard,
+                self.idle_ops_per_worker_per_sec,
+                self.busy_ops_per_worker_per_sec,
+            )
+        )
 
 
 def participants(rates: Rates, nodes: int, shards: int) -> int:
@@ -113,17 +149,49 @@ def dedup_terms(rates: Rates, total_bytes: float, shards: int, nodes: int) -> tu
     return total, serial
 
 
+def coord_per_shard(rates: Rates, nodes: int) -> float | None:
+    """c(n) of COORD_FORMULA: the measured cost, flat up to the node count it was measured at (an
+    upper bound there, if it grows) and grown by the measured exponent past it; None: not measured."""
+    if rates.coord_secs_per_shard is None:
+        return None
+    past = max(1.0, nodes / rates.coord_nodes) if rates.coord_nodes else 1.0
+    return max(0.0, rates.coord_secs_per_shard) * past ** max(0.0, rates.coord_growth_exponent)
+
+
+def nas_load(rates: Rates, shards: int, nodes: int, process_secs: float) -> dict[str, Any]:
+    """What the shared filesystem must serve at `nodes` nodes (COORD_FORMULA); None where a term
+    was not measured."""
+    claims = shards / process_secs
+    processing = idle = None
+    if rates.meta_ops_per_shard is not None:
+        processing = claims * rates.meta_ops_per_shard + nodes * (rates.busy_ops_per_worker_per_sec or 0.0)
+    if rates.idle_ops_per_worker_per_sec is not None:
+        idle = nodes * rates.idle_ops_per_worker_per_sec
+    measured = rates.coord_claims_per_sec
+    return {
+        "claims_per_sec_needed": claims,
+        "claims_per_sec_measured": measured,
+        "claims_headroom": None if measured is None else measured / claims,
+        "meta_ops_per_sec_processing": processing,
+        "meta_ops_per_sec_idle": idle,
+    }
+
+
 def project(rates: Rates, total_bytes: float, shards: int, nodes: int) -> dict[str, Any]:
     """One row of the table: every term of the formula at `nodes` nodes."""
     mb = total_bytes / 1e6
     p = participants(rates, nodes, shards)
     prepare = rates.prepare_fixed_secs + mb / (rates.prepare_mbps * p)
-    process = rates.node_startup_secs + mb / (rates.process_mbps * nodes) + shards / nodes * rates.per_shard_secs
+    c = coord_per_shard(rates, nodes)
+    coord = 0.0 if c is None else shards / nodes * c
+    process = rates.node_startup_secs + mb / (rates.process_mbps * nodes) + shards / nodes * rates.per_shard_secs + coord
     dedup, dedup_serial = dedup_terms(rates, total_bytes, shards, nodes)
     merges = {"file": mb * rates.output_ratio / rates.merge_mbps, "dir": rates.merge_dir_secs}
     row: dict[str, Any] = {"nodes": nodes, "participants": p, "prepare_secs": prepare, "process_secs": process}
     if rates.dedup is not None:
         row |= {"dedup_secs": dedup, "dedup_serial_secs": dedup_serial}
+    if rates.coordinated:
+        row |= {"coord_secs_per_shard": c, "coord_secs": coord, "nas": nas_load(rates, shards, nodes, process)}
     for kind, merge in merges.items():
         total = prepare + process + dedup + merge
         serial = (prepare if p < nodes else 0.0) + (merge if nodes > 1 else 0.0) + dedup_serial
@@ -150,6 +218,8 @@ def projection(
         "met_dir": at["dir"]["serial_fraction"] <= SERIAL_TARGET,
     }
     formula = FORMULA if rates.dedup is None else FORMULA + "\n" + DEDUP_FORMULA
+    if rates.coordinated:
+        formula += "\n" + COORD_FORMULA
     proj = {"bytes": total_bytes, "shards": shards, "rates": asdict(rates), "rows": rows, "target": target, "formula": formula}
     if rates.dedup is not None:
         proj["dedup_phases"] = dedup_phases(rates, total_bytes, shards)
@@ -160,6 +230,54 @@ def _secs(value: float) -> str:
     if value >= 3600:
         return f"{value / 3600:.2f} h"
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def _opt(value: float | None, fmt: str, what: str) -> str:
+    """A measured figure, or that it was not measured (a reader must not take a blank for zero)."""
+    return f"{fmt.format(value)} {what}" if value is not None else f"{what}: not measured"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    rendered = [" | ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    rendered.insert(1, "-+-".join("-" * w for w in widths))
+    return rendered
+
+
+def _nas_table(proj: dict[str, Any], r: Rates) -> list[str]:
+    """The load on the shared filesystem per node count: what a reader sizes the NAS by."""
+    at = f" at {r.coord_nodes}" if r.coord_nodes else ""
+
+    def cell(value: float | None, fmt: str) -> str:
+        return "-" if value is None else fmt.format(value)
+
+    table = [
+        (
+            "nodes",
+            "coord/shard",
+            "coord in process",
+            "claims/s needed",
+            f"measured{at}",
+            "headroom",
+            "meta ops/s processing",
+            "meta ops/s idle",
+        )
+    ]
+    for row in proj["rows"]:
+        nas = row["nas"]
+        table.append(
+            (
+                str(row["nodes"]),
+                cell(row["coord_secs_per_shard"], "{:.3f} s"),
+                _secs(row["coord_secs"]),
+                f"{nas['claims_per_sec_needed']:.2f}",
+                cell(nas["claims_per_sec_measured"], "{:.1f}"),
+                cell(nas["claims_headroom"], "{:.0f}x"),
+                cell(nas["meta_ops_per_sec_processing"], "{:.0f}"),
+                cell(nas["meta_ops_per_sec_idle"], "{:.0f}"),
+            )
+        )
+    return ["load on the shared filesystem (metadata operations per second; claims while processing):", *_table(table)]
 
 
 def render(proj: dict[str, Any], sources: dict[str, str] | None = None) -> str:
@@ -184,6 +302,19 @@ def render(proj: dict[str, Any], sources: dict[str, str] | None = None) -> str:
             for p in proj.get("dedup_phases", [])
         )
         lines.append(f"  dedup units at this size: {units}")
+    if r.coordinated:
+        cost = _opt(r.coord_secs_per_shard, "{:.3f} s", "per shard beyond the work")
+        if r.coord_secs_per_shard is not None and r.coord_nodes:
+            cost += f" (x (n / {r.coord_nodes})^{r.coord_growth_exponent:.2f} past {r.coord_nodes} nodes)"
+        figures = (
+            cost,
+            _opt(r.coord_claims_per_sec, "{:.1f}", "claims/s"),
+            _opt(r.meta_ops_per_shard, "{:.1f}", "metadata ops per shard"),
+            _opt(r.busy_ops_per_worker_per_sec, "{:.2f}", "ops/s per busy worker"),
+            _opt(r.idle_ops_per_worker_per_sec, "{:.2f}", "ops/s per idle worker"),
+        )
+        at = f" at {r.coord_nodes} nodes" if r.coord_nodes else ""
+        lines.append(f"  coordination on the shared filesystem{at}: " + ", ".join(figures))
     if sources:
         lines.append("  rates from: " + "; ".join(f"{k} {v}" for k, v in sources.items()))
     header = ("nodes", "prepare", "process", *(("dedup",) if stage else ()), "merge file", "T file", "speed-up", "serial")
@@ -206,15 +337,15 @@ def render(proj: dict[str, Any], sources: dict[str, str] | None = None) -> str:
                 f"{100 * d['serial_fraction']:.1f} %",
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    rendered = [" | ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
-    rendered.insert(1, "-+-".join("-" * w for w in widths))
+    rendered = _table(table)
     t = proj["target"]
 
     def verdict(met: bool) -> str:
         return "met" if met else "MISSED"
 
     lines += rendered
+    if r.coordinated:
+        lines += ["", *_nas_table(proj, r)]
     lines += ["", *proj["formula"].splitlines(), ""]
     lines.append(
         f"target: serial fraction <= {100 * t['max_serial_fraction']:.0f} % at {t['nodes']} nodes: "
@@ -319,10 +450,82 @@ def rates_from_results(results: dict[str, dict[str, Any]]) -> tuple[Rates, dict[
                 values[f"dedup_{key}"] = measured[key]
         for key in ("rounds", "barrier_secs", "procs_per_node"):
             values[f"dedup_{key}"] = measured[key]
+    coordination_rates(results, put)
     for key, (value, source) in ASSUMED.items():
         if key not in values:
             put(key, value, source)
     return Rates(**values), sources
+
+
+def coordination_points(results: dict[str, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per node count the coordination rows measured: claims/s, the simulated work per shard, the
+    metadata operations per shard, and the row they come from. The makespan rows first; the fsops
+    row (which holds the same runs' figures at two node counts) where they were not kept."""
+    points: dict[int, dict[str, Any]] = {}
+    fsops = results.get("coordination_fsops")
+    if _ok(fsops):
+        d = fsops["details"]
+        for nodes, claims in d.get("claims_per_sec", {}).items():
+            meta = d.get("metadata_ops_per_shard", {}).get(nodes)
+            points[int(nodes)] = {
+                "claims_per_sec": claims,
+                "sleep": d["sizes"]["sleep"],
+                "meta": meta,
+                "row": "coordination_fsops",
+            }
+    for name in sorted(results):
+        if name.startswith("coordination_makespan_") and _ok(results[name]):
+            d = results[name]["details"]
+            points[int(d["nodes"])] = {
+                "claims_per_sec": d["claims_per_sec"],
+                "sleep": d["sleep_secs"],
+                "meta": d["metadata_ops_per_shard"],
+                "row": name,
+            }
+    return {n: pt for n, pt in sorted(points.items()) if pt["claims_per_sec"]}
+
+
+def coordination_rates(results: dict[str, dict[str, Any]], put: Callable[[str, Any, str], None]) -> None:
+    """The coordination terms of COORD_FORMULA from the coordination rows, where the run has them
+    (else they stay None: not measured, and the projection leaves them out)."""
+    points = coordination_points(results)
+    if points:
+        big = max(points)
+        pt = points[big]
+
+        def cost(n: int) -> float:
+            return n / points[n]["claims_per_sec"] - points[n]["sleep"]
+
+        put("coord_nodes", big, f"{pt['row']}: the most nodes measured")
+        put("coord_claims_per_sec", pt["claims_per_sec"], f"{pt['row']}: shards / makespan")
+        put(
+            "coord_secs_per_shard",
+            max(0.0, cost(big)),
+            f"{pt['row']}: makespan x {big} / shards - {pt['sleep']:g} s of work (at least 0)",
+        )
+        if pt["meta"] is not None:
+            put("meta_ops_per_shard", pt["meta"], f"{pt['row']}: GlusterFS profile, every fop but READ and WRITE / shards")
+        smaller = [n for n in points if 1 < n < big and cost(n) > 0]
+        if smaller and cost(big) > 0:
+            m = min(smaller)
+            exponent = max(0.0, math.log(cost(big) / cost(m)) / math.log(big / m))
+            put(
+                "coord_growth_exponent",
+                exponent,
+                f"{pt['row']} vs {points[m]['row']}: ln(c_{big} / c_{m}) / ln({big} / {m}), at least 0",
+            )
+    idle = results.get("coordination_idle")
+    if _ok(idle):
+        d = idle["details"]
+        per = d.get("per_worker_metadata_ops_per_sec", {})
+        where = f"coordination_idle ({d.get('at_nodes')} nodes)"
+        if per.get("per_busy_worker") is not None:
+            put("busy_ops_per_worker_per_sec", max(0.0, per["per_busy_worker"]), f"{where}: all_busy / workers")
+        idles = {k: per[k] for k in ("per_idle_worker", "per_idle_worker_at_tail") if per.get(k) is not None}
+        if idles:
+            key = max(idles, key=lambda k: idles[k])
+            how = "(hold - busy) / idle workers" if key == "per_idle_worker" else "(tail - 1 busy) / idle workers"
+            put("idle_ops_per_worker_per_sec", max(0.0, idles[key]), f"{where}: {how}, the larger of hold and tail")
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -332,24 +535,100 @@ def _participants(text: str) -> int | None:
     return None if text == "all" else int(text)
 
 
+# The rate flags (Rates field: its flag's name where it differs); given flags override --from-json.
+REQUIRED = ("prepare_mbps", "process_mbps", "merge_mbps")
+OPTIONAL = {  # without --from-json, a flag not given is this
+    "per_shard_secs": 0.0,
+    "prepare_fixed_secs": 0.0,
+    "node_startup_secs": 0.0,
+    "merge_dir_secs": 0.0,
+    "max_participants": None,  # every node
+    "output_ratio": 1.0,
+}
+COORD_FLAGS = (
+    "coord_secs_per_shard",
+    "coord_growth_exponent",
+    "coord_nodes",
+    "coord_claims_per_sec",
+    "meta_ops_per_shard",
+    "idle_ops_per_worker_per_sec",
+    "busy_ops_per_worker_per_sec",
+)
+
+
+def _flag(field: str) -> str:
+    names = {"max_participants": "participants", "idle_ops_per_worker_per_sec": "idle_ops_per_worker"}
+    names["busy_ops_per_worker_per_sec"] = "busy_ops_per_worker"
+    return "--" + names.get(field, field).replace("_", "-")
+
+
+def _from_json(parser: argparse.ArgumentParser, path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every rate `rates_from_results` takes from a `bench/run --json` file, and their sources."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"--from-json {path}: {exc}")
+    results = report.get("results") if isinstance(report, dict) else None
+    if not isinstance(results, dict):
+        parser.error(f'--from-json {path}: no "results" (not a bench/run --json file)')
+    rates, sources = rates_from_results(results)
+    return asdict(rates), sources
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bench/scale",
         description=__doc__.splitlines()[0],
-        epilog=FORMULA + "\n\n" + DEDUP_FORMULA,
+        epilog=FORMULA + "\n\n" + DEDUP_FORMULA + "\n\n" + COORD_FORMULA,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--prepare-mbps", type=float, required=True, help="prepare MB/s of one participant (one node)")
-    parser.add_argument("--process-mbps", type=float, required=True, help="processing MB/s per node")
-    parser.add_argument("--merge-mbps", type=float, required=True, help="merge MB/s into one file")
-    parser.add_argument("--per-shard-secs", type=float, default=0.0, help="fixed cost per shard (default %(default)s)")
-    parser.add_argument("--prepare-fixed-secs", type=float, default=0.0, help="prepare start-up (default %(default)s)")
-    parser.add_argument("--node-startup-secs", type=float, default=0.0, help="a node's start-up (default %(default)s)")
-    parser.add_argument("--merge-dir-secs", type=float, default=0.0, help="merge into a directory (default %(default)s)")
+    # Rate flags default to absent (SUPPRESS) so that one given can be told from one not given.
+    rate = {"default": argparse.SUPPRESS}
     parser.add_argument(
-        "--participants", type=_participants, default=None, metavar="all|K", help="prepare participants at most (default all)"
+        "--from-json",
+        type=Path,
+        metavar="PATH",
+        help="take every rate a bench/run --json file measured (as bench/run's own projection); flags override",
     )
-    parser.add_argument("--output-ratio", type=float, default=1.0, help="output bytes per input byte (default %(default)s)")
+    parser.add_argument(
+        "--prepare-mbps",
+        type=float,
+        **rate,
+        help="prepare MB/s of one participant (one node; required unless --from-json has it)",
+    )
+    parser.add_argument(
+        "--process-mbps", type=float, **rate, help="processing MB/s per node (required unless --from-json has it)"
+    )
+    parser.add_argument("--merge-mbps", type=float, **rate, help="merge MB/s into one file (required unless --from-json has it)")
+    parser.add_argument("--per-shard-secs", type=float, **rate, help="fixed cost per shard (default 0)")
+    parser.add_argument("--prepare-fixed-secs", type=float, **rate, help="prepare start-up (default 0)")
+    parser.add_argument("--node-startup-secs", type=float, **rate, help="a node's start-up (default 0)")
+    parser.add_argument("--merge-dir-secs", type=float, **rate, help="merge into a directory (default 0)")
+    parser.add_argument(
+        "--participants", type=_participants, dest="max_participants", metavar="all|K", **rate,
+        help="prepare participants at most (default all)",
+    )  # fmt: skip
+    parser.add_argument("--output-ratio", type=float, **rate, help="output bytes per input byte (default 1)")
+    coord = parser.add_argument_group(
+        "coordination on a shared filesystem (the coordination_* rows; default: not measured, no NAS table)"
+    )
+    coord.add_argument(
+        "--coord-secs-per-shard", type=float, **rate, help="c_N: a worker's seconds per shard beyond its work, at --coord-nodes"
+    )
+    coord.add_argument("--coord-nodes", type=int, **rate, help="N: the node count they were measured at")
+    coord.add_argument(
+        "--coord-growth-exponent", type=float, **rate, help="a: c(n) = c_N * (n / N)^a past N nodes (default 0: flat)"
+    )
+    coord.add_argument("--coord-claims-per-sec", type=float, **rate, help="claims/s measured at N nodes (the headroom column)")
+    coord.add_argument("--meta-ops-per-shard", type=float, **rate, help="metadata operations on the shared filesystem per shard")
+    coord.add_argument(
+        "--busy-ops-per-worker", type=float, dest="busy_ops_per_worker_per_sec", metavar="OPS_PER_SEC", **rate,
+        help="metadata ops/s of a worker holding a shard (heartbeats)",
+    )  # fmt: skip
+    coord.add_argument(
+        "--idle-ops-per-worker", type=float, dest="idle_ops_per_worker_per_sec", metavar="OPS_PER_SEC", **rate,
+        help="metadata ops/s of a worker that finds nothing to claim (polls)",
+    )  # fmt: skip
     stage = parser.add_argument_group("one deduplication stage (rates of one process; MB of job input)")
     stage.add_argument("--dedup", choices=("simhash", "exact", "minhash"), help="project one stage of this deduplicator")
     stage.add_argument("--dedup-keys-mbps", type=float, help="keys units: MB/s")
@@ -366,12 +645,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default=",".join(map(str, NODES)), help="node counts (default %(default)s)")
     parser.add_argument("--json", type=Path, help="also write the projection here")
     args = parser.parse_args(argv)
-    for name in ("prepare_mbps", "process_mbps", "merge_mbps", "tb"):
-        if getattr(args, name) <= 0:
+    given = {key: value for key, value in vars(args).items() if key in (*REQUIRED, *OPTIONAL, *COORD_FLAGS)}
+    if args.from_json:
+        values, sources = _from_json(parser, args.from_json)
+        # The three main rates must be measured or given: an assumed one would pass for the run's.
+        missing = [k for k in REQUIRED if k not in given and sources[k].startswith("assumed")]
+        if missing:
+            flags = ", ".join(_flag(k) for k in missing)
+            parser.error(f"--from-json {args.from_json} measured no {flags}: give {flags} on the command line")
+        # The others it did not measure take the flags' defaults, not bench/run's assumed figures:
+        # this projection is the run's measurements and the command line alone.
+        for key, default in OPTIONAL.items():
+            if key not in given and sources[key].startswith("assumed"):
+                shown = "all" if default is None else default
+                values[key], sources[key] = default, f"not measured in the run: the flag's default ({shown})"
+        sources |= {key: "command line" for key in given}
+    else:
+        missing = [k for k in REQUIRED if k not in given]
+        if missing:
+            parser.error("the following arguments are required: " + ", ".join(_flag(k) for k in missing))
+        values, sources = dict(OPTIONAL), {}
+    values |= given
+    for name, value in [*((k, values[k]) for k in REQUIRED), ("tb", args.tb)]:
+        if value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.shards < 1:
         parser.error("--shards must be at least 1")
-    dedup: dict[str, Any] = {}
+    for key in COORD_FLAGS:
+        if key in given and given[key] < 0:
+            parser.error(f"{_flag(key)} must not be negative")
+    if given.get("coord_nodes") == 0:
+        parser.error("--coord-nodes must be positive")
     if args.dedup:
         for flag in ("dedup_keys_mbps", "dedup_bucket_recs", "dedup_keep_mbps"):
             if not (getattr(args, flag) or 0) > 0:
@@ -380,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--dedup-rounds needs a positive --dedup-round-secs")
         if args.dedup_procs < 1 or args.dedup_fanout <= 0 or args.dedup_rows_per_mb <= 0:
             parser.error("--dedup-procs, --dedup-fanout and --dedup-rows-per-mb must be positive")
-        dedup = {
+        values |= {
             "dedup": args.dedup,
             "dedup_keys_mbps": args.dedup_keys_mbps,
             "dedup_bucket_recs_per_sec": args.dedup_bucket_recs,
@@ -392,23 +696,16 @@ def main(argv: list[str] | None = None) -> int:
             "dedup_barrier_secs": args.dedup_barrier_secs,
             "dedup_procs_per_node": args.dedup_procs,
         }
-    rates = Rates(
-        prepare_mbps=args.prepare_mbps,
-        process_mbps=args.process_mbps,
-        merge_mbps=args.merge_mbps,
-        per_shard_secs=args.per_shard_secs,
-        prepare_fixed_secs=args.prepare_fixed_secs,
-        node_startup_secs=args.node_startup_secs,
-        merge_dir_secs=args.merge_dir_secs,
-        max_participants=args.participants,
-        output_ratio=args.output_ratio,
-        **dedup,
-    )
+        if sources:
+            sources["dedup"] = "command line (every dedup_* rate)"
+    rates = Rates(**values)
     nodes = tuple(int(n) for n in args.nodes.split(","))
     if any(n < 1 for n in nodes):
         parser.error("--nodes must be positive")
     proj = projection(rates, args.tb * TB, args.shards, nodes)
-    sys.stdout.write(render(proj) + "\n")
+    if sources:
+        proj["sources"] = sources
+    sys.stdout.write(render(proj, sources) + "\n")
     if args.json:
         args.json.write_text(json.dumps(proj, indent=2) + "\n")
     return 0

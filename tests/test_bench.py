@@ -14,6 +14,7 @@ recipe, the overall.csv comparison, the PASS/FAIL row) are checked here without 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -516,3 +517,109 @@ def test_coordination_rows_are_selected_and_the_gluster_profile_is_summed() -> N
     rates = coordination.idle_rates(*figures)
     assert rates == {"per_busy_worker": 0.5, "per_idle_worker": 2.0, "per_idle_worker_at_tail": 1.0}
     assert coordination.project(rates, 64) == {"mixed": 80.0, "all_busy": 32.0, "tail": 63.5}
+
+
+def _coordination_results() -> dict[str, dict]:
+    """Coordination rows as `coordination_measure` writes them (only the keys the projection
+    reads, plus a few around them): 4,000 shards of 0.5 s; a worker spends 0.05 s per shard
+    beyond its work at 8 nodes and 0.1 s at 32 (so the growth exponent is ln 2 / ln 4 = 0.5);
+    the 16-node run failed; idle: 0.5 ops/s per busy worker, 2.0 per idle one, 1.0 at the tail."""
+
+    def makespan(nodes: int, shards: int, cost: float, meta: float) -> dict:
+        span = shards * (0.5 + cost) / nodes
+        details = {"mode": "cached", "nodes": nodes, "shards": shards, "sleep_secs": 0.5, "makespan_secs": span,
+                   "ideal_secs": shards * 0.5 / nodes, "claims_per_sec": shards / span, "metadata_ops_per_shard": meta,
+                   "data_ops_per_shard": 3.0, "notes": []}  # fmt: skip
+        name = f"coordination_makespan_{nodes}"
+        return {"name": name, "error": None, "value": span / details["ideal_secs"], "details": details}
+
+    rows = {r["name"]: r for r in (makespan(1, 400, 0.02, 140.0), makespan(8, 4000, 0.05, 146.1), makespan(32, 4000, 0.1, 154.5))}
+    rows["coordination_makespan_16"] = {"name": "coordination_makespan_16", "error": "not measured", "details": {}}
+    small, large = rows["coordination_makespan_8"]["details"], rows["coordination_makespan_32"]["details"]
+    rows["coordination_fsops"] = {
+        "name": "coordination_fsops",
+        "error": None,
+        "details": {
+            "sizes": {"shards": 4000, "sleep": 0.5, "nodes": [1, 8, 16, 32]},
+            "metadata_ops_per_shard": {"8": 146.1, "32": 154.5},
+            "claims_per_sec": {"8": small["claims_per_sec"], "32": large["claims_per_sec"]},
+        },
+    }
+    per_worker = {"per_busy_worker": 0.5, "per_idle_worker": 2.0, "per_idle_worker_at_tail": 1.0}
+    rows["coordination_idle"] = {
+        "name": "coordination_idle",
+        "error": None,
+        "details": {"at_nodes": 32, "per_worker_metadata_ops_per_sec": per_worker, "target_nodes": 64},
+    }
+    return rows
+
+
+def test_scale_takes_the_coordination_terms_and_projects_the_nas_load() -> None:
+    rates, sources = scale.rates_from_results(_coordination_results())
+    assert rates.coord_nodes == 32 and rates.coord_secs_per_shard == pytest.approx(0.1)
+    assert rates.coord_growth_exponent == pytest.approx(0.5)  # 32 vs 8 nodes; the one-node run is not used
+    assert rates.coord_claims_per_sec == pytest.approx(4000 / 75) and rates.meta_ops_per_shard == 154.5
+    assert rates.busy_ops_per_worker_per_sec == 0.5 and rates.idle_ops_per_worker_per_sec == 2.0  # the larger idle rate
+    assert sources["coord_secs_per_shard"].startswith("coordination_makespan_32")
+    assert sources["coord_growth_exponent"].startswith("coordination_makespan_32 vs coordination_makespan_8")
+    assert sources["idle_ops_per_worker_per_sec"].startswith("coordination_idle")
+    assert sources["process_mbps"].startswith("assumed")  # a coordination-only run
+    # The fsops row alone (the makespan rows not kept) gives the same terms at 32 nodes.
+    fsops_only = {k: v for k, v in _coordination_results().items() if not k.startswith("coordination_makespan")}
+    alone, alone_sources = scale.rates_from_results(fsops_only)
+    assert alone.coord_secs_per_shard == pytest.approx(0.1) and alone.coord_growth_exponent == pytest.approx(0.5)
+    assert alone_sources["meta_ops_per_shard"].startswith("coordination_fsops")
+
+    measured = dataclasses.replace(rates, **TODAY, per_shard_secs=0.3)
+    unmeasured = dict.fromkeys(("coord_secs_per_shard", "coord_claims_per_sec", "meta_ops_per_shard"))
+    unmeasured |= dict.fromkeys(("idle_ops_per_worker_per_sec", "busy_ops_per_worker_per_sec"))
+    plain = scale.projection(dataclasses.replace(measured, **unmeasured), scale.TB, 4096, scale.NODES)
+    proj = scale.projection(measured, scale.TB, 4096, scale.NODES)
+    assert "nas" not in plain["rows"][0] and "coord(n)" not in plain["formula"] and "coord(n)" in proj["formula"]
+    for before, row in zip(plain["rows"], proj["rows"]):
+        n = row["nodes"]
+        c = 0.1 * max(1.0, n / 32) ** 0.5
+        assert row["coord_secs_per_shard"] == pytest.approx(c)
+        assert row["process_secs"] == pytest.approx(before["process_secs"] + 4096 / n * c)
+        nas = row["nas"]
+        assert nas["claims_per_sec_needed"] == pytest.approx(4096 / row["process_secs"])
+        assert nas["meta_ops_per_sec_processing"] == pytest.approx(4096 / row["process_secs"] * 154.5 + n * 0.5)
+        assert nas["meta_ops_per_sec_idle"] == pytest.approx(n * 2.0)
+        assert nas["claims_headroom"] == pytest.approx(4000 / 75 / nas["claims_per_sec_needed"])
+    text = scale.render(proj, sources)
+    assert "load on the shared filesystem" in text and "measured at 32" in text
+    # No coordination row: every term stays "not measured" and nothing changes.
+    assert scale.rates_from_results({})[0].coordinated is False
+
+
+def test_bench_scale_from_json_takes_the_run_and_names_what_is_missing(tmp_path: Path) -> None:
+    run = tmp_path / "results.json"
+    run.write_text(json.dumps({"format": 1, "results": _coordination_results()}))
+    argv = [str(REPO / "bench" / "scale"), "--from-json", str(run)]
+    bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "measured no --prepare-mbps, --process-mbps, --merge-mbps" in bad.stderr
+    out = tmp_path / "scale.json"
+    argv += [
+        "--prepare-mbps",
+        "55",
+        "--process-mbps",
+        "4.7",
+        "--merge-mbps",
+        "380",
+        "--idle-ops-per-worker",
+        "3",
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    assert "load on the shared filesystem" in proc.stdout and "meta ops/s idle" in proc.stdout
+    proj = json.loads(out.read_text())
+    assert proj["rates"]["meta_ops_per_shard"] == 154.5 and proj["rates"]["idle_ops_per_worker_per_sec"] == 3.0
+    assert proj["sources"]["idle_ops_per_worker_per_sec"] == "command line"
+    # What the run did not measure takes the flags' defaults, not bench/run's assumed figures.
+    assert proj["rates"]["max_participants"] is None and proj["rates"]["node_startup_secs"] == 0.0
+    assert proj["sources"]["coord_secs_per_shard"].startswith("coordination_makespan_32")
+    assert proj["rows"][-1]["nas"]["meta_ops_per_sec_idle"] == pytest.approx(64 * 3.0)
+    (tmp_path / "other.json").write_text("{}")
+    other = subprocess.run([*argv[:2], str(tmp_path / "other.json")], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and 'no "results"' in other.stderr
