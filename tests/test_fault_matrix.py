@@ -43,8 +43,10 @@ from elastic_sharding.records import ROW_KEY
 from elastic_sharding.work.worker import Worker, WorkerOptions
 
 # CI leaves out the `actor` kind (real Data-Juicer + Ray on two nodes, about a minute):
-# test_warm_ops.py kills and freezes a warm instance mid-shard with real operators.
-CI_KINDS = list(KINDS) if EXHAUSTIVE else [kind for kind in KINDS if kind != "actor"]
+# test_warm_ops.py kills and freezes a warm instance mid-shard with real operators; and the scale
+# kinds (jobs of hundreds of shards, about 20 s each at 3 nodes, more to build their clean runs):
+# test_cluster_scale.py runs a job on 16 nodes.
+CI_KINDS = list(KINDS) if EXHAUSTIVE else [kind for kind in KINDS if kind != "actor" and not kind.startswith("scale-")]
 
 
 @pytest.mark.cluster

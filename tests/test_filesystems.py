@@ -375,3 +375,26 @@ def test_a_temporary_name_that_exists_already_is_replaced_by_another(tmp_path, m
     assert fsops.publish_once(tmp_path / "record.json", b"{}\n")
     assert retried and (tmp_path / "record.json").read_bytes() == b"{}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+
+
+def test_a_unique_directory_whose_mkdir_was_retried_is_taken_as_made(tmp_path, monkeypatch):
+    """A retried mkdir of an attempt directory (its name carries a random token) reports the
+    directory it made as existing (GlusterFS at 16 nodes): an empty directory there is ours; a
+    name that holds anything else, or is not a directory, is not."""
+    real = os.mkdir
+
+    def retrying_client(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        raise FileExistsError(17, "File exists", str(path))
+
+    monkeypatch.setattr(os, "mkdir", retrying_client)
+    assert fsops.make_unique_dir(tmp_path / "attempt-1")
+    assert not fsops.make_dir_exclusive(tmp_path / "attempt-2")
+    monkeypatch.setattr(os, "mkdir", real)
+    taken = tmp_path / "attempt-3"
+    taken.mkdir()
+    (taken / "attempt.json").write_bytes(b"{}")
+    assert not fsops.make_unique_dir(taken)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "attempt-4").symlink_to(tmp_path / "elsewhere")
+    assert not fsops.make_unique_dir(tmp_path / "attempt-4")

@@ -324,6 +324,26 @@ def make_dir_exclusive(path: Path) -> bool:
     return True
 
 
+def make_unique_dir(path: Path) -> bool:
+    """`make_dir_exclusive` for a name nobody else can make (it carries this process's random
+    token): an empty real directory already there was made by this very call, whose reply a NAS
+    client lost and retried (GlusterFS under load at 16 nodes: "attempt directory ... already
+    exists"). False only for a name that holds something else."""
+    if make_dir_exclusive(path):
+        return True
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    with os.scandir(path) as entries:
+        if any(entries):
+            return False
+    fsync_dir(path.parent)
+    return True
+
+
 def rename_dir(source: Path, destination: Path) -> bool:
     """Atomically publish a fully written directory; False if `destination` already exists."""
     try:

@@ -56,6 +56,12 @@ processor from `support/fakes.py`, in real processes, one per simulated node) an
               alive, heartbeating, its claim never stale), the others idle once the rest is done:
               they back its shard up, the first valid publish wins, the slow attempt stops and
               publishes nothing; sometimes the slow worker is killed after its backup started
+  scale-kill  a job of hundreds of tiny shards, a worker on every node, all of them busy: a quarter
+              of the nodes (at least one) have their workers SIGKILLed at once mid-job, then
+              restarted on the same nodes, each of which must publish shards again
+  scale-partition  the same job: a quarter of the nodes (never node 0, which watches the job) cut
+              off the volume at once mid-job for two to four leases, then healed; no attempt
+              whose claim was taken over publishes
   prepare-kill  a cooperative prepare by two or three participants (`prepare`, or the helper that
               joins one) on separate nodes: one of them killed at a crash point of a phase (scan,
               cut, write, final, staged), or SIGKILLed or frozen (SIGSTOP for two leases) at a
@@ -80,6 +86,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -93,6 +100,7 @@ import traceback
 import zlib
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -159,6 +167,8 @@ KINDS = {
     "global-job": 2,
     "analysis-job": 2,
     "slow": 2,
+    "scale-kill": 1,
+    "scale-partition": 1,
 }
 # The slow trials: enough shards that three have completed when the others turn idle.
 SLOW_SHARDS, SLOW_BACKUP_AFTER, SLOW_BACKUP_MIN_SECS = 12, 1.5, 0.5
@@ -276,6 +286,16 @@ process:
   - alphanumeric_filter:
   - document_deduplicator:
 """
+# The scale kinds: a job of hundreds of tiny shards (SCALE_ROWS rows of `sample_rows`, SCALE_SHARDS
+# shards, a per-shard delay from SCALE_DELAY) keeps every node busy for most of the trial, at 3
+# nodes as at 16 or 32; the fault hits a quarter of the nodes (`scale_victims`) at once when a
+# fraction SCALE_AT of the shards is done, so that most of the job is still ahead of them.
+SCALE_ROWS, SCALE_SHARDS, SCALE_DELAY, SCALE_AT = 800, (200, 320), (0.02, 0.08), (0.1, 0.3)
+# A restarted worker must publish shards if, once it is ready to claim, at least this many
+# unclaimed shards per node are left.
+SCALE_PICKUP_MARGIN = 2
+SCALE_LISTING_LAG = 1.5  # seconds a caching node may list a new completion late
+SCALE_EXIT_SECS = 300  # how long the workers of a scale job may take to finish it once the fault is over
 PREPARE_EXIT_SECS = 90  # how long a participant may take to exit once the fault has been injected
 FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 INSPECT = r"""
@@ -304,7 +324,7 @@ for shard in names(f"{job}/attempts"):
         beat = load(f"{base}/heartbeat.json") or {}
         out["attempts"][attempt] = {"shard": shard, "status": record.get("status"), "pid": record.get("pid"),
             "host": record.get("host"), "superseded": os.path.exists(f"{base}/superseded.json"),
-            "backup_of": record.get("backup_of"),
+            "backup_of": record.get("backup_of"), "finished_at": record.get("finished_at"),
             "phase": beat.get("phase"), "started_at": record.get("started_at")}
 print(json.dumps(out))
 """
@@ -321,6 +341,70 @@ def digest(name):
     return hashlib.sha256(data).hexdigest()
 print(json.dumps({n: digest(n) for n in sorted(os.listdir(root))}))
 """
+
+# Waits on a node until argv[2] shards of the job argv[1] are done (or argv[3] seconds passed), then
+# up to argv[4] seconds more until one of the hosts named after it holds a running claim; prints the
+# names done and the running claims of the shards not done: the light look at a job of hundreds
+# of shards that a scale trial takes just before its fault (INSPECT reads every record).
+SCALE_WAIT = r"""
+import json, os, sys, time
+job, target, hosts = sys.argv[1], int(sys.argv[2]), set(sys.argv[5:])
+deadline = time.monotonic() + float(sys.argv[3])
+def names(path):
+    try:
+        return {n[:-5] for n in os.listdir(path) if n.endswith(".json")}
+    except OSError:
+        return set()
+def running(done):
+    claims = {}
+    for shard in sorted(names(f"{job}/state/locks") - done):
+        try:
+            with open(f"{job}/state/locks/{shard}.json", "rb") as f:
+                claim = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if claim.get("status") == "running":
+            claims[shard] = claim
+    return claims
+while True:
+    done = names(f"{job}/state/done")
+    if len(done) >= target or time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
+deadline = time.monotonic() + float(sys.argv[4])
+while True:
+    claims = running(done)
+    if not hosts or hosts & {c.get("host") for c in claims.values()} or time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
+    done = names(f"{job}/state/done")
+print(json.dumps({"done": sorted(done), "claims": claims}))
+"""
+SCALE_HOLD_SECS = 5  # how long a scale trial waits past its moment for a victim to hold a claim
+
+# Waits on a node until the claim record argv[1] no longer holds token argv[2] (taken over) or is no
+# longer running, or argv[3] seconds passed; prints which. A takeover renames the record away for a
+# moment: a missing or unreadable record is waited out.
+TAKEOVER_WAIT = r"""
+import json, sys, time
+path, token = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < deadline:
+    try:
+        with open(path, "rb") as f:
+            claim = json.loads(f.read())
+    except (OSError, ValueError):
+        claim = None
+    if claim is not None and claim.get("token") != token:
+        print("taken")
+        sys.exit(0)
+    if claim is not None and claim.get("status") != "running":
+        print(claim.get("status"))
+        sys.exit(0)
+    time.sleep(0.05)
+print("timeout")
+"""
+TAKEOVER_SECS = 90  # at 32 nodes on 2 cores the other workers take tens of seconds to start
 
 # Waits on a node until the job argv[1] has its manifest (or argv[2] seconds passed).
 PREPARE_PUBLISHED = r"""
@@ -507,6 +591,7 @@ class Harness:
         self._stage_jobs: dict[tuple[str, int, int], Template] = {}
         self._analysis_jobs: dict[int, AnalysisTemplate] = {}
         self._analysis_clean: tuple[dict[str, str], str, list[int]] | None = None
+        self._scale_templates: dict[int, Template] = {}
         self.compare_with: bytes | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -845,15 +930,28 @@ class Harness:
             time.sleep(0.1)
         return None
 
-    def _lost_claim_trial(self, kind: str, name: str, log_dir: Path, rng: random.Random, victim: int, fault, recover) -> Outcome:
+    def _lost_claim_trial(
+        self, kind: str, name: str, log_dir: Path, rng: random.Random, victim: int, fault, recover, takeover: bool = True
+    ) -> Outcome:
         """Start workers on slow shards, hit `victim` mid-shard with `fault`, `recover`, and check
-        that the victim never published the shard it held (unless it did so before the fault)."""
+        that the victim never published the shard it held (unless it did so before the fault).
+
+        With `takeover`, `recover` (given the monotonic time of the fault) comes only once another
+        worker took the held claim over (or TAKEOVER_SECS passed): a victim resumed before anyone
+        took over still holds a valid claim and rightly publishes. Each recover waits its own time
+        from the fault as well; at 3 nodes the takeover comes first, but at 16 the others are still
+        starting (importing, then watching the claim for a lease) when the fault hits."""
         outcome = Outcome(kind, f"{self.node(victim).name}")
         job, workers, held = self._start(name, log_dir, rng, rng.uniform(1.5, 3.0), victim=victim)
         time.sleep(rng.uniform(0, 0.3))
+        since = time.monotonic()
         fault(workers[victim], outcome)
-        before = self.inspect(job)["done"]
-        recover(workers[victim], outcome)
+        try:
+            before = self.inspect(job)["done"]
+            if takeover and held is not None and (before.get(held["shard"]) or {}).get("token") != held["token"]:
+                self._await_takeover(job, held)
+        finally:
+            recover(workers[victim], outcome, since)
         state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
         if held is None:
             outcome.problems.append(f"the {kind} victim never held a shard mid-processing")
@@ -864,13 +962,20 @@ class Harness:
             )
         return outcome
 
+    def _await_takeover(self, job: Path, held: dict) -> str:
+        """Until the claim `held` is taken over, or no longer running (published, handed back), or
+        TAKEOVER_SECS passed: "taken", its status, or "timeout"."""
+        path = job / "state" / "locks" / f"{held['shard']}.json"
+        argv = [PY, "-c", TAKEOVER_WAIT, str(path), held["token"], str(TAKEOVER_SECS)]
+        return self.node(0).run(argv, check=True, timeout=TAKEOVER_SECS + 60).stdout.strip()
+
     def trial_stall(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         def fault(proc: subprocess.Popen, outcome: Outcome) -> None:
             proc.send_signal(signal.SIGSTOP)
             outcome.counts["stalls"] += 1
 
-        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
-            time.sleep(2 * LEASE + 1)
+        def recover(proc: subprocess.Popen, outcome: Outcome, since: float) -> None:
+            time.sleep(max(0.0, since + 2 * LEASE + 1 - time.monotonic()))
             proc.send_signal(signal.SIGCONT)
 
         return self._lost_claim_trial("stall", name, log_dir, rng, rng.randrange(len(self.cluster.nodes)), fault, recover)
@@ -882,9 +987,9 @@ class Harness:
             node.partition()
             outcome.counts["partitions"] += 1
 
-        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+        def recover(proc: subprocess.Popen, outcome: Outcome, since: float) -> None:
             try:
-                time.sleep(rng.uniform(2 * LEASE, 4 * LEASE))
+                time.sleep(max(0.0, since + rng.uniform(2 * LEASE, 4 * LEASE) - time.monotonic()))
             finally:
                 node.heal()
 
@@ -897,30 +1002,39 @@ class Harness:
             node.kill_client()
             outcome.counts["client_kills"] += 1
 
-        def recover(proc: subprocess.Popen, outcome: Outcome) -> None:
+        def recover(proc: subprocess.Popen, outcome: Outcome, since: float) -> None:
             try:
                 code = wait(proc, 60)
                 outcome.check(code not in (0, None), f"the cut-off worker exited {code} instead of failing")
             finally:
                 node.remount()
 
-        return self._lost_claim_trial("client-kill", name, log_dir, rng, self.cluster.nodes.index(node), fault, recover)
+        return self._lost_claim_trial(
+            "client-kill", name, log_dir, rng, self.cluster.nodes.index(node), fault, recover, takeover=False
+        )
 
     def trial_drain(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
         victim = rng.randrange(len(self.cluster.nodes))
         sig = rng.choice((signal.SIGTERM, signal.SIGINT))
         outcome = Outcome("drain", f"{sig.name} to worker {victim} mid-shard")
         job, workers, held = self._start(name, log_dir, rng, rng.uniform(2.0, 4.0), victim=victim)
-        sent = time.monotonic()
+        sent, sent_wall = time.monotonic(), time.time()
         workers[victim].send_signal(sig)
         code = wait(workers[victim], 60)
+        exited = time.monotonic() - sent
         outcome.counts["drains"] += 1
         outcome.check(code == 2, f"a drained worker exited {code}, not 2")
-        outcome.check(time.monotonic() - sent < LEASE, "draining took longer than a lease")
         state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers)
-        if held is not None:
+        if held is None:
+            outcome.check(exited < LEASE, "draining took longer than a lease")
+        else:
             attempt = state["attempts"].get(held["attempt_id"], {})
             outcome.check(attempt.get("status") == "interrupted", f"the drained attempt is {attempt.get('status')}")
+            # The hand-back (the attempt's end, recorded just before its claim is released; one
+            # kernel clock for all nodes here), not the exit: a Python process with 15 others on
+            # 2 cores may take longer than a lease to exit after it has handed its shard back.
+            handed = (attempt.get("finished_at") or float("inf")) - sent_wall
+            outcome.check(handed < LEASE, f"handing the shard back took {handed:.1f} s, more than a lease (exit: {exited:.1f} s)")
             outcome.check(not attempt.get("superseded"), "the drained shard was taken over after a lease instead of handed back")
         return outcome
 
@@ -1151,6 +1265,143 @@ class Harness:
             return outcome
         finally:
             subprocess.run(["umount", "-l", str(mount)], check=False)
+
+    # -- the scale trials ----------------------------------------------------------------------
+
+    def scale_templates(self) -> dict[int, Template]:
+        """The scale kinds' jobs (built once): SCALE_ROWS rows prepared per shard count of
+        SCALE_SHARDS, each with its clean single-worker run; every shard count must merge the same."""
+        if not self._scale_templates:
+            data = write_jsonl(self.workdir / "scale-input.jsonl", sample_rows(SCALE_ROWS))
+            recipe = self.workdir / "scale-recipe.yaml"
+            recipe.write_text(SIMPLE_RECIPE.format(dataset=data))
+            templates = {n: self._template(n, recipe=recipe, tag="scale-") for n in SCALE_SHARDS}
+            if len({t.reference for t in templates.values()}) != 1:
+                raise AssertionError("clean runs of the scale job with different shard counts disagree")
+            self._scale_templates = templates
+        return self._scale_templates
+
+    def _scale_run(
+        self, outcome: Outcome, name: str, log_dir: Path, shards: int, delay: float, at: float, victims: Sequence[int]
+    ) -> tuple[Path, dict[int, subprocess.Popen], dict]:
+        """A fresh scale job with a worker on every node, returned once `at` of its shards are
+        done and a victim holds a claim (or SCALE_HOLD_SECS more passed: with shards this short a
+        worker is often between two), with what SCALE_WAIT saw then (the shards done, the
+        running claims). Waiting for every victim to hold one at once lets the job run out."""
+        job = self.fresh_job(name, shards, self.scale_templates())
+        workers = {i: self.worker(node, job, log_dir / f"worker-{i}.log", delay) for i, node in enumerate(self.cluster.nodes)}
+        target = max(1, round(at * shards))
+        hosts = [self.node(v).name for v in victims]
+        probe = [PY, "-c", SCALE_WAIT, str(job), str(target), str(SCALE_EXIT_SECS), str(SCALE_HOLD_SECS), *hosts]
+        seen = json.loads(self.node(0).run(probe, check=True, timeout=SCALE_EXIT_SECS + SCALE_HOLD_SECS + 60).stdout)
+        outcome.check(target <= len(seen["done"]) < shards, f"{len(seen['done'])} of {shards} shards done at the fault")
+        holding = {claim.get("host") for claim in seen["claims"].values()} & set(hosts)
+        outcome.detail += f", {len(holding)}/{len(hosts)} victims mid-shard"
+        return job, workers, seen
+
+    def _scale_finish(self, outcome: Outcome, job: Path, log_dir: Path, shards: int, workers: Sequence[subprocess.Popen]) -> dict:
+        """`finish_and_compare` against the scale job's clean run."""
+        reference = self.scale_templates()[shards].reference
+        self.compare_with = reference
+        try:
+            expected = [orjson.loads(line)["id"] for line in reference.splitlines()]
+            state = self.finish_and_compare(outcome, job, log_dir / "finish.log", workers, expected)
+        finally:
+            self.compare_with = None
+        hosts = {done["host"] for done in state["done"].values() if done}
+        outcome.detail += f", {len(hosts)}/{len(self.cluster.nodes)} nodes published"
+        return state
+
+    def trial_scale_kill(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A quarter of the nodes lose their workers at once (SIGKILL) mid-job and get new ones:
+        every shard the dead held is taken over, and every restarted worker publishes shards."""
+        count = len(self.cluster.nodes)
+        victims = sorted(rng.sample(range(count), scale_victims(count)))
+        shards, delay, at = rng.choice(SCALE_SHARDS), rng.uniform(*SCALE_DELAY), rng.uniform(*SCALE_AT)
+        pause = rng.uniform(0, LEASE)  # the nodes stay without a worker for up to a lease
+        outcome = Outcome(
+            "scale-kill", f"x{shards}: {len(victims)}/{count} workers killed at {at:.0%}, restarted after {pause:.1f}s"
+        )
+        job, workers, seen = self._scale_run(outcome, name, log_dir, shards, delay, at, victims)
+        dead = {workers[v].pid for v in victims}
+        for v in victims:
+            if workers[v].poll() is None:
+                workers[v].kill()
+                outcome.counts["scale_kills"] += 1
+        for v in victims:
+            workers[v].wait()
+        held = {shard: claim for shard, claim in seen["claims"].items() if claim.get("pid") in dead}
+        time.sleep(pause)
+        logs = {v: log_dir / f"restarted-{v}.log" for v in victims}
+        restarted = {v: self.worker(self.node(v), job, logs[v], delay) for v in victims}
+        # A worker takes seconds to start on a loaded machine (16 nodes on 2 cores: ~8 s); once
+        # every restarted one is ready to claim, enough unclaimed shards must be left for the
+        # check that each of them picks up work to be fair (a trial line without it says why).
+        deadline = time.monotonic() + SCALE_EXIT_SECS
+        while time.monotonic() < deadline and any(
+            proc.poll() is None and b"worker on host=" not in logs[v].read_bytes() for v, proc in restarted.items()
+        ):
+            time.sleep(0.1)
+        look = json.loads(self.node(0).run([PY, "-c", SCALE_WAIT, str(job), "0", "0", "0"], check=True, timeout=120).stdout)
+        unclaimed = shards - len(look["done"]) - len(look["claims"])
+        fair = unclaimed >= SCALE_PICKUP_MARGIN * count
+        state = self._scale_finish(outcome, job, log_dir, shards, [*workers.values(), *restarted.values()])
+        for v, proc in restarted.items():
+            published = sum((done or {}).get("pid") == proc.pid for done in state["done"].values())
+            outcome.check(published > 0 or not fair, f"the worker restarted on {self.node(v).name} published no shard")
+        if not fair:
+            outcome.detail += f", {unclaimed} unclaimed at restart: pick-up not checked"
+        taken = sum((state["done"].get(shard) or {}).get("attempt_id") != claim["attempt_id"] for shard, claim in held.items())
+        outcome.counts["scale_takeovers"] += taken
+        outcome.detail += f", {taken}/{len(held)} dead claims taken over"
+        return outcome
+
+    def trial_scale_partition(self, name: str, log_dir: Path, rng: random.Random) -> Outcome:
+        """A quarter of the nodes (never node 0, which watches the job) cut off the volume at
+        once mid-job for two to four leases, then healed: an attempt of theirs whose claim was
+        taken over meanwhile never publishes."""
+        count = len(self.cluster.nodes)
+        victims = sorted(rng.sample(range(1, count), min(count - 1, scale_victims(count))))
+        shards, delay, at = rng.choice(SCALE_SHARDS), rng.uniform(*SCALE_DELAY), rng.uniform(*SCALE_AT)
+        cut = rng.uniform(2 * LEASE, 4 * LEASE)
+        outcome = Outcome("scale-partition", f"x{shards}: {len(victims)}/{count} nodes cut at {at:.0%} for {cut:.1f}s")
+        if not victims:
+            outcome.problems.append("a partition needs a second node")
+            return outcome
+        job, workers, seen = self._scale_run(outcome, name, log_dir, shards, delay, at, victims)
+        cut_off = {self.node(v).name for v in victims}
+        held = {shard: claim for shard, claim in seen["claims"].items() if claim.get("host") in cut_off}
+        cut_at = time.monotonic()
+        try:
+            for v in victims:
+                self.node(v).partition()
+            outcome.counts["scale_partitions"] += len(victims)
+            # What was published before the cut: a caching node may list it up to a second late,
+            # and nothing of the cut-off nodes can reach the volume meanwhile.
+            time.sleep(SCALE_LISTING_LAG)
+            look = [PY, "-c", SCALE_WAIT, str(job), "0", "0", "0"]
+            before = set(json.loads(self.node(0).run(look, check=True, timeout=120).stdout)["done"])
+            time.sleep(max(0.0, cut - (time.monotonic() - cut_at)))
+        finally:
+            with ThreadPoolExecutor(len(victims)) as pool:  # each heal waits ~3 s for its mount
+                list(pool.map(lambda v: self.node(v).heal(), victims))
+        state = self._scale_finish(outcome, job, log_dir, shards, list(workers.values()))
+        taken = 0
+        for shard, claim in held.items():
+            if shard in before:
+                continue
+            done = state["done"].get(shard) or {}
+            if done.get("attempt_id") != claim["attempt_id"]:
+                taken += 1
+                continue
+            # Published by the attempt that held it at the cut: only if nobody took it over (its
+            # heartbeat write hung through a short cut and then went through).
+            attempt = state["attempts"].get(claim["attempt_id"]) or {}
+            outcome.check(not attempt.get("superseded"), f"{shard}: a cut-off worker published after its claim was taken over")
+        outcome.counts["scale_takeovers"] += taken
+        rejoined = sum(workers[v].returncode == 0 for v in victims)
+        outcome.detail += f", {taken}/{len(held)} cut-off claims taken over, {rejoined} cut-off workers finished"
+        return outcome
 
     # -- the cooperative prepare trials --------------------------------------------------------
 
@@ -1773,6 +2024,11 @@ def write_parquet_input(root: Path, rows: list[dict], group_rows: Sequence[int])
     return root
 
 
+def scale_victims(nodes: int) -> int:
+    """How many nodes a scale trial hits at once: a quarter, rounded up (one of up to four)."""
+    return max(1, math.ceil(nodes / 4))
+
+
 def _await_fault(proc: subprocess.Popen, stop: bool, timeout: float) -> bool:
     """Until `proc` stopped itself (`stop`) or died by SIGKILL at its crash point: True if it did,
     False if it ended otherwise (it never reached the point) or the timeout passed."""
@@ -1877,6 +2133,7 @@ class Summary:
             f"global_job_kills={c['global_job_kills']} global_job_stalls={c['global_job_stalls']} "
             f"slowed={c['slowed']} backups={c['backups']} backups_won={c['backups_won']} "
             f"parquet_jobs={c['parquet_jobs']} parquet_prepares={c['parquet_prepares']} "
+            f"scale_kills={c['scale_kills']} scale_partitions={c['scale_partitions']} scale_takeovers={c['scale_takeovers']} "
             f"rows_lost={self.rows_lost} rows_duplicated={self.rows_duplicated} "
             f"identical_merges={self.identical}/{self.merges} clean_failures={self.clean_failures}/{self.expected_failures} "
             f"failed_trials={len(self.failed)} secs={secs:.0f}"

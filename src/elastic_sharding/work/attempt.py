@@ -104,7 +104,7 @@ class AttemptSteps(AttemptRecipes, AttemptLeftovers):
         attempt_dir = self.layout.attempt_dir(claim.shard_id, claim.attempt_id)
         try:
             fsops.ensure_dir(attempt_dir.parent)
-            created = fsops.make_dir_exclusive(attempt_dir)
+            created = fsops.make_unique_dir(attempt_dir)
         except OSError:
             self._release(claim)
             raise
