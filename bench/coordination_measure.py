@@ -74,6 +74,10 @@ class CoordinationSizes:
     idle_hold: float = 3600.0  # how long a busy worker's shard "runs" (it is stopped after the window)
     tail_shards: int = 1000  # the idle-at-the-tail variant: all done but one
     try_nodes: int = 64  # the idle row's larger cluster, if this box can build it (0: project only)
+    # The next shard processed while the current one publishes, as the default (warm) runner does
+    # (`passthrough_worker.OverlappingRunner`); False: each shard's claim, collect and publish come
+    # between two shards' work, as with the process runner.
+    overlap: bool = True
 
     def run_shards(self, nodes: int) -> int:
         """Shards of the run on `nodes` nodes: fewer on one node, never more than `shards`."""
@@ -121,6 +125,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--coordination-idle-window", type=float, help=f"seconds per idle measurement (default {DEFAULT.idle_window:g})"
     )
     group.add_argument(
+        "--coordination-no-overlap",
+        action="store_true",
+        help="workers publish a shard before the next one's work begins (the process runner's way; default: the warm runner's overlap)",
+    )
+    group.add_argument(
         "--coordination-try-nodes",
         type=int,
         help=f"the idle row's larger cluster (default {DEFAULT.try_nodes}, quick {QUICK.try_nodes}; 0: project it)",
@@ -133,6 +142,8 @@ def sizes(args: argparse.Namespace) -> CoordinationSizes:
     changes: dict[str, Any] = {}
     if args.coordination_mode:
         changes["mode"] = args.coordination_mode
+    if getattr(args, "coordination_no_overlap", False):
+        changes["overlap"] = False
     if args.coordination_nodes:
         nodes = tuple(int(n) for n in args.coordination_nodes.split(","))
         if len(nodes) != 4 or not all(1 <= n <= 200 for n in nodes):
@@ -282,6 +293,7 @@ class Fleet:
         for node in nodes:
             argv = [PYTHON, str(PASSTHROUGH), str(self.job), "--lock-timeout-secs", f"{self.cs.lease:g}"]
             argv += ["--poll-interval-secs", f"{self.cs.poll:g}", "--sleep", f"{sleep:g}", *extra]
+            argv += ["--overlap"] if self.cs.overlap else []
             argv += ["--ready-file", str(self.lineup / f"ready-{node.name}-{len(self.procs)}"), "--go-file", str(self.go)]
             log = self.b.logs / f"coord-{self.name}-{node.name}-{len(self.procs)}.log"
             with open(log, "ab") as handle:
@@ -699,7 +711,8 @@ def _results(
             continue
         f = runs[slot]
         fewer = " (fewer shards: the ideal is linear)" if f["shards"] < cs.shards else ""
-        label = f"coordination: {f['nodes']} node(s), {f['shards']:,} shards x {cs.sleep:g} s{fewer}, makespan vs ideal"
+        how = "" if cs.overlap else ", no overlap"
+        label = f"coordination: {f['nodes']} node(s), {f['shards']:,} shards x {cs.sleep:g} s{fewer}{how}, makespan vs ideal"
         limit = MAKESPAN_TARGET if slot == len(MAKESPAN_NAMES) - 1 else None
         details = {
             **common,

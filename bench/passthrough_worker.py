@@ -12,15 +12,22 @@ Python processes at once, start-up would otherwise stagger the claims by tens of
 real cluster (a CPU per node) does not; both files are on the local disk, never on the job's
 filesystem, so waiting costs that filesystem nothing.
 
-Usage: passthrough_worker.py JOB_DIR [--lock-timeout-secs S] [--poll-interval-secs S] [--sleep S]
+With `--overlap` the runner has the warm runner's `begin`: the worker claims the next shard
+ahead and it is processed while the current one is collected and published, as in production
+(`OverlappingRunner`); without it, the claim, collect and publish of each shard come between two
+shards' work, as with the process runner.
+
+Usage: passthrough_worker.py JOB_DIR [--lock-timeout-secs S] [--poll-interval-secs S] [--sleep S] [--overlap]
        [--max-shards N] [--backup-after F] [--ready-file PATH --go-file PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import queue
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,15 +48,75 @@ class PassthroughRunner:
         self.sleep = sleep
 
     def run(self, ctx: AttemptContext) -> None:
-        # attempts/<shard>/<attempt>: the job directory is three levels up.
-        layout = JobLayout(ctx.attempt_dir.parents[2])
         ctx.set_phase("processing")
+        self.work(ctx)
+
+    def work(self, ctx: AttemptContext) -> None:
         if self.sleep > 0:
             time.sleep(self.sleep)
+        # attempts/<shard>/<attempt>: the job directory is three levels up.
+        layout = JobLayout(ctx.attempt_dir.parents[2])
         shutil.copyfile(layout.shard_input(ctx.shard_id), ctx.ray_output)
 
     def close(self) -> None:
         """Nothing is kept between attempts."""
+
+
+class OverlappingRunner(PassthroughRunner):
+    """The passthrough runner with the warm runner's overlap (`--overlap`): a claimed-ahead attempt
+    is begun at once and queued on the node's one "processor" (a thread that works one attempt at
+    a time, in order), so the next shard is processed while the worker collects and publishes the
+    current one, as Data-Juicer's warm runtime does in production. `run` waits for its attempt's
+    turn to end; a cancelled attempt is skipped."""
+
+    def __init__(self, sleep: float = 0.0):
+        super().__init__(sleep)
+        self._queue: queue.Queue[AttemptContext | None] = queue.Queue()
+        self._ended: dict[str, threading.Event] = {}
+        self._errors: dict[str, BaseException] = {}
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._processor = threading.Thread(target=self._process, name="processor", daemon=True)
+        self._processor.start()
+
+    def _process(self) -> None:
+        while (ctx := self._queue.get()) is not None:
+            with self._lock:
+                if ctx.attempt_id in self._cancelled:
+                    continue
+                ended = self._ended[ctx.attempt_id]
+            try:
+                self.work(ctx)
+            except BaseException as exc:  # noqa: BLE001 - handed to `run`, which raises it
+                self._errors[ctx.attempt_id] = exc
+            ended.set()
+
+    def begin(self, ctx: AttemptContext) -> None:
+        with self._lock:
+            if ctx.attempt_id in self._ended:
+                return
+            self._ended[ctx.attempt_id] = threading.Event()
+        self._queue.put(ctx)
+
+    def cancel(self, ctx: AttemptContext) -> None:
+        with self._lock:
+            self._cancelled.add(ctx.attempt_id)
+            self._ended.pop(ctx.attempt_id, None)
+
+    def run(self, ctx: AttemptContext) -> None:
+        self.begin(ctx)
+        ctx.set_phase("processing")
+        with self._lock:
+            ended = self._ended[ctx.attempt_id]
+        ended.wait()
+        with self._lock:
+            self._ended.pop(ctx.attempt_id, None)
+        error = self._errors.pop(ctx.attempt_id, None)
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        self._queue.put(None)
 
 
 def _line_up(ready: Path | None, go: Path | None) -> None:
@@ -66,6 +133,11 @@ def main() -> int:
     parser.add_argument("--lock-timeout-secs", type=float)
     parser.add_argument("--poll-interval-secs", type=float)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds of simulated work per shard, before the copy")
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="process a claimed-ahead shard while the current one publishes (the warm runner's way)",
+    )
     parser.add_argument("--max-shards", type=int, help="stop after claiming this many shards")
     parser.add_argument("--backup-after", type=float, help="override the job's backup trigger (0: no backup attempts)")
     parser.add_argument("--ready-file", type=Path, help="touched once started (a local path, not on the job's filesystem)")
@@ -80,7 +152,8 @@ def main() -> int:
         max_shards=args.max_shards,
     )
     _line_up(args.ready_file, args.go_file)
-    return run_worker(args.job_dir, options, PassthroughRunner(args.sleep))
+    runner = OverlappingRunner(args.sleep) if args.overlap else PassthroughRunner(args.sleep)
+    return run_worker(args.job_dir, options, runner)
 
 
 if __name__ == "__main__":

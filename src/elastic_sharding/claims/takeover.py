@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 
@@ -100,9 +101,10 @@ class ShardScanner:
     end of the prefix it knows) by galloping, reading O(log k) claims where k shards were claimed
     since its last claim (k grows with the node count). Everything behind the frontier (releases,
     completions, stale claims to take over, backups) is the *full pass*'s: the original pass from
-    the first non-terminal shard, made at the start, every `watch` seconds, and when nothing is
-    left past the frontier; and then only if the claims directory changed since the last one (one
-    stat) or `refresh` seconds went by. A heartbeat is read at most every `watch` seconds per
+    the first non-terminal shard, made at the start, every `watch` x 0.5-1 seconds (at random:
+    workers that started together must not all pass at once), and when nothing is left past the
+    frontier; and then only if the claims directory changed since the last one (one stat) or
+    `refresh` seconds went by. A heartbeat is read at most every `watch` seconds per
     claim: staleness is judged on this process's clock between reads, so a dead claim is taken
     over after between one lease and a lease plus `watch`. An idle worker thus costs a stat per
     poll, not a read of every running claim (docs/concepts/filesystems.md, "Load"). A full pass
@@ -133,6 +135,7 @@ class ShardScanner:
         self._first = 0  # shards before it are all terminal: a pass starts here
         self._frontier = 0  # shards before it were claimed when read (holes are the full pass's)
         self._full_at: float | None = None  # when the last full pass began (monotonic)
+        self._full_every = self.watch  # until the next one: `watch` x a random 0.5-1 (see `_full_pass`)
         self._signature: tuple[int, ...] | None = None  # the claims directory as that pass found it
         self._beats: dict[str, tuple[str, Heartbeat | None, float]] = {}  # shard -> (token, heartbeat, read at)
         self._owners: dict[tuple[str, int], float] = {}  # other workers with a running claim -> last seen
@@ -186,7 +189,7 @@ class ShardScanner:
         if failed:
             return None, failed
         now = time.monotonic()
-        if self._full_at is not None and now - self._full_at < self.watch:
+        if self._full_at is not None and now - self._full_at < self._full_every:
             claim = self._claim_past_frontier()
             if claim is not None:
                 return self._within_retry_limit(claim)
@@ -269,6 +272,10 @@ class ShardScanner:
         """The pass from the first non-terminal shard: claim the first claimable one, judging every
         running claim on the way (repair, takeover) and noting them for backups."""
         self._full_at = time.monotonic()
+        # Workers that started together would pass together, each reading every claim since the
+        # last pass before any of them publishes a done-block marker (32 nodes: 29 claim reads
+        # per shard, issue 44); spread, a pass mostly finds the markers of the one before it.
+        self._full_every = self.watch * random.uniform(0.5, 1.0)
         self._signature = self._claims_signature()
         self.running_seen = 0
         self.running = {}
