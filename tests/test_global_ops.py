@@ -13,7 +13,9 @@ import pytest
 from support.global_corpus import global_rows
 from support.global_ops_reference import data_juicer_rows, no_model_cleanup  # noqa: F401 - an autouse fixture
 
+from elastic_sharding.dedup import arrays
 from elastic_sharding.errors import RecipeError
+from elastic_sharding.global_ops import selectors
 from elastic_sharding.global_ops.cooperate import GlobalParticipant
 from elastic_sharding.global_ops.operators import StageContext
 from elastic_sharding.global_ops.registry import build
@@ -28,6 +30,14 @@ def cut(rows: list[dict], shards: int) -> list[list[dict]]:
 
 
 def stage_rows(tmp_path, name: str, params: dict, rows: list[dict], shards: int, participants: int = 1) -> list[dict]:
+    return run_stage(tmp_path, name, params, rows, shards, participants)[0]
+
+
+def run_stage(
+    tmp_path, name: str, params: dict, rows: list[dict], shards: int, participants: int = 1
+) -> tuple[list[dict], GlobalParticipant]:
+    """The rows kept, in order, and the (last) participant, whose context and operator read the
+    stage's files."""
     parts = cut(rows, shards)
     lines = [[orjson.dumps(r) for r in part] for part in parts]
     out: dict[int, list[bytes]] = {}
@@ -50,7 +60,7 @@ def stage_rows(tmp_path, name: str, params: dict, rows: list[dict], shards: int,
             0.01,
         )
         participant.run()
-    return [orjson.loads(line) for index in range(shards) for line in out[index]]
+    return [orjson.loads(line) for index in range(shards) for line in out[index]], participant
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +96,72 @@ def test_a_stage_gives_the_rows_of_one_data_juicer_run(tmp_path, corpus, name, p
     expected = data_juicer_rows(name, params, corpus)
     for shards in (1, 4, 9):
         assert stage_rows(tmp_path, name, params, corpus, shards) == expected, (name, params, shards)
+
+
+def sources_listed(participant: GlobalParticipant) -> list[list[int]]:
+    """The shards each keep unit gathers from, checked to be exactly those whose placements hold
+    rows for it."""
+    ctx, op = participant.ctx, participant.op
+    listed = [op.sources(ctx, target) for target in range(ctx.num_shards)]
+    placed = [
+        [s for s in range(ctx.num_shards) if len(arrays.read(ctx.shard_file("place", s, ".idx"), target))]
+        for target in range(ctx.num_shards)
+    ]
+    assert listed == placed
+    return listed
+
+
+RANKING = [case for case in CASES if case[0] in ("topk_specified_field_selector", "range_specified_field_selector")]
+
+
+@pytest.mark.parametrize(("name", "params"), RANKING, ids=[f"{n}-{i}" for i, (n, _p) in enumerate(RANKING)])
+def test_a_ranking_selector_ranked_in_many_buckets_units_gives_the_same_rows(tmp_path, corpus, monkeypatch, name, params):
+    """Each buckets unit ranks one range of global ranks; ranges end inside runs of equal values
+    (the corpus is full of ties), so the rows of one value are ranked by two units or more."""
+    monkeypatch.setattr(selectors, "RANKED_PER_UNIT", 7)
+    expected = data_juicer_rows(name, params, corpus)
+    for shards in (4, 9):
+        rows, participant = run_stage(tmp_path, name, params, corpus, shards)
+        assert participant.op.reduce_count(participant.ctx) == 35
+        assert rows == expected, (name, params, shards)
+        sources_listed(participant)
+
+
+# Reordering operators, and whether a keep unit must gather from several shards (`many`) and a
+# shard of the next segment is left without rows (`none`) at 9 shards.
+SOURCES_CASES = [
+    ("topk_specified_field_selector", {"field_key": "rank", "top_ratio": 0.3}, True, False),
+    ("topk_specified_field_selector", {"field_key": "meta.score", "topk": 5, "reverse": False}, False, True),
+    ("topk_specified_field_selector", {"field_key": "rank"}, False, False),  # nothing selected away: in place
+    ("range_specified_field_selector", {"field_key": "meta.score", "lower_rank": 3, "upper_rank": 40}, True, False),
+    ("range_specified_field_selector", {"field_key": "rank", "lower_rank": 100, "upper_rank": 104}, False, True),
+    ("frequency_specified_field_selector", {"field_key": "topic", "topk": 2}, True, False),
+    ("frequency_specified_field_selector", {"field_key": "meta.tags.lang", "topk": 1, "reverse": False}, True, False),
+    ("random_selector", {"select_num": 7}, False, True),
+    ("random_selector", {"select_ratio": 0.5}, True, False),
+    ("key_value_grouper", {"group_by_keys": ["topic"]}, True, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "many", "none"), SOURCES_CASES, ids=[f"{n}-{i}" for i, (n, *_rest) in enumerate(SOURCES_CASES)]
+)
+def test_a_keep_unit_opens_exactly_the_shards_that_give_it_rows(tmp_path, corpus, name, params, many, none):
+    """Each keep unit gathers only from the shards its source list names (so a stage opens about
+    a file per shard, not one per pair of shards): a source missing from it would lose that
+    source's rows, so the list must be exactly the placements holding rows for the shard. And a
+    unit done twice writes the same bytes, as a unit taken over after a crash does."""
+    shards = 9
+    rows, participant = run_stage(tmp_path / "a", name, params, corpus, shards)
+    assert rows == data_juicer_rows(name, params, corpus)
+    ctx = participant.ctx
+    listed = sources_listed(participant)
+    assert any(len(sources) >= 2 for sources in listed) == many, listed
+    assert any(not sources for sources in listed) == none, listed
+    _again, other = run_stage(tmp_path / "b", name, params, corpus, shards)
+    written = {path.relative_to(ctx.data()): path.read_bytes() for path in ctx.data().rglob("*") if path.is_file()}
+    again = {path.relative_to(other.ctx.data()): path.read_bytes() for path in other.ctx.data().rglob("*") if path.is_file()}
+    assert written == again
 
 
 def test_the_line_deduplicator_removes_planted_boilerplate(tmp_path, corpus):

@@ -25,6 +25,11 @@ CUTS = (0, 70, 150, 150, 240)  # four shards, the third one empty
 LEASE_SECS = 10.0  # only a dead pid on this host is taken over here, at once
 OPERATOR = ("key_value_grouper", {"group_by_keys": ["topic"]})  # every phase: keys, buckets, place, keep
 CRASH_POINTS = [f"global-{phase}{end}" for phase in ("keys", "buckets", "place", "keep") for end in ("", "-done")]
+# A ranking selector's buckets units merge every shard's sorted values into ranked partitions and
+# list which shards send rows where; its place units read those partitions.
+RANKING = ("topk_specified_field_selector", {"field_key": "meta.score", "top_ratio": 0.4})
+RANKING_POINTS = [f"global-{phase}{end}" for phase in ("buckets", "place") for end in ("", "-done")]
+KILLED = [(OPERATOR, point) for point in CRASH_POINTS] + [(RANKING, point) for point in RANKING_POINTS]
 PARTICIPANT = r"""
 import json, logging, os, sys
 from pathlib import Path
@@ -103,16 +108,17 @@ def kept_rows(tmp_path: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "point", [pytest.param(p, marks=exhaustive_only) if p.endswith("-done") else p for p in CRASH_POINTS]
+    ("operator", "point"),
+    [pytest.param(op, p, marks=exhaustive_only if p.endswith("-done") else (), id=f"{op[0]}-{p}") for op, p in KILLED],
 )  # CI: before each phase's work; the exhaustive suite also after it
-def test_a_participant_killed_at_each_crash_point_is_taken_over(tmp_path, corpus, point):
-    spec, root = prepare_stage(tmp_path, corpus)
+def test_a_participant_killed_at_each_crash_point_is_taken_over(tmp_path, corpus, operator, point):
+    spec, root = prepare_stage(tmp_path, corpus, operator)
     ((code, _),) = finish([start(spec, crash_at=point)])
     assert code == -9, f"the participant must die at {point}"
     results = finish([start(spec), start(spec)])
     assert [code for code, _ in results] == [0, 0], [err[-2000:] for _, err in results]
     assert "stage: took over" in "".join(err for _, err in results), "the dead participant's unit is taken over"
-    assert kept_rows(tmp_path) == data_juicer_rows(*OPERATOR, corpus)
+    assert kept_rows(tmp_path) == data_juicer_rows(*operator, corpus)
     assert len(list(StageLayout(root).units.glob("keep-*.json"))) == len(CUTS) - 1
 
 

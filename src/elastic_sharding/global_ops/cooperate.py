@@ -2,7 +2,9 @@
 `claims/units.py`, in the phases `keys`, `buckets`, `place` and `keep` (each only where the
 operator has it; see `operators.GlobalOp`). The end of the last phase before `keep` is
 `stage.json` (a `DedupStageDone`, so `status` reads every stage alike); the `keep` units then
-hand each shard of the next segment its rows through the caller's `keep`.
+hand each shard of the next segment its rows through the caller's `keep`. A reordering
+operator's keep unit opens only the placements of the shards that give it rows
+(`GlobalOp.sources`), so a stage opens about as many files as it has shards, not their square.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class GlobalParticipant:
 
     def _keep_one(self, target: int) -> KeptShard:
         if self.op.reorders:
-            sources = [self._placement(s) for s in range(self.ctx.num_shards)]
+            sources = [self._placement(s) for s in self.op.sources(self.ctx, target)]
             lines = self.op.gather(self.ctx, target, files.gather(sources, target))
         else:
             lines = self.op.apply(self.ctx, target, self.rows_of(target))

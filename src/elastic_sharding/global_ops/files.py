@@ -4,6 +4,12 @@ A placement is what a `place` unit leaves for the `keep` units: the rows of one 
 that go elsewhere, each with its destination shard and a (major, minor) rank, stored as one
 blob of lines sorted by (destination, major, minor) beside an index partitioned by destination
 (`dedup.arrays`' format), so the keep unit of shard t reads one contiguous slice of each blob.
+
+Which sources hold rows for a destination is known before any row is placed: the `buckets`
+units, which see every shard's keys, write it as source lists partitioned by destination
+(`write_sources`). The keep unit of shard t opens only those sources' placements: with every keep
+unit opening every placement, a stage of S shards would open S² files where the rows touch a few
+per shard.
 """
 
 from __future__ import annotations
@@ -60,6 +66,24 @@ def read_placed(blob: Path, index: Path, target: int) -> Iterator[tuple[int, int
 def gather(sources: list[tuple[Path, Path]], target: int) -> Iterator[tuple[int, int, bytes]]:
     """Every source's entries for `target`, merged in (major, minor) order."""
     return heapq.merge(*(read_placed(blob, index, target) for blob, index in sources), key=lambda entry: entry[:2])
+
+
+def write_sources(path: Path, sources: np.ndarray, targets: np.ndarray, num_targets: int) -> int:
+    """Which source shard holds rows for which destination, from one (source, target) pair per
+    placed row or group (repeats allowed): each destination's distinct sources, ascending, as a
+    partition of a record file. Deterministic in the pairs, so a unit done again writes the same
+    bytes. The number of distinct pairs."""
+    pairs = np.unique(np.asarray(targets, dtype=np.int64) * num_targets + np.asarray(sources, dtype=np.int64))
+    write_records(path, (pairs % num_targets).astype("<i8"), pairs // num_targets, num_targets)
+    return len(pairs)
+
+
+def read_sources(paths: Iterable[Path], target: int) -> list[int]:
+    """The sources every file of `paths` lists for `target`, ascending, each once."""
+    found: set[int] = set()
+    for path in paths:
+        found.update(arrays.read(path, target).tolist())
+    return sorted(found)
 
 
 def write_sorted(values_path: Path, rows_path: Path, values: np.ndarray) -> None:

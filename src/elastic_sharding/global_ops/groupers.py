@@ -3,9 +3,10 @@
 - `key_value_grouper`: one output row per distinct value of `group_by_keys` (Data-Juicer's own
   `nested_access` and `dict_to_hash`), in order of each group's first row, holding every row of
   the group in input order as lists. `keys`: each shard's distinct group hashes with their first
-  position; `buckets`: per hash partition, each group's first position over all shards; `place`:
+  position; `buckets`: per hash partition, each group's first position over all shards, and which
+  shards send rows to which (a shard with a group's rows to the shard of its first row); `place`:
   each row sent to the shard of its group's first row, ranked (first position, position); `keep`
-  folds each run of one group into its row.
+  gathers from the shards that send it rows and folds each run of one group into its row.
 - `naive_reverse_grouper` (one row per element of a grouped row's lists) and the aggregators
   (`process_single` on each grouped row) change each row on its own: in place.
 - `naive_grouper` (the whole dataset into one row) is refused by `operators.py`.
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -57,8 +59,19 @@ class KeyValueGrouper(GlobalOp):
         starts = np.ones(len(keys), dtype=bool)
         starts[1:] = (keys["k1"][1:] != keys["k1"][:-1]) | (keys["k2"][1:] != keys["k2"][:-1])
         groups = keys[starts]
+        # Every shard holding a group sends its rows to the shard of the group's first row.
+        first_of = groups["pos"][np.cumsum(starts) - 1]
+        files.write_sources(
+            self._sources_file(ctx, unit), arrays.shard_of(keys["pos"]), arrays.shard_of(first_of), ctx.num_shards
+        )
         files.write_records(ctx.data("groups", f"{unit:05d}.rec"), groups)
         return len(groups)
+
+    def _sources_file(self, ctx: StageContext, unit: int) -> Path:
+        return ctx.data("sources", f"{unit:05d}.rec")
+
+    def sources(self, ctx: StageContext, target: int) -> list[int]:
+        return files.read_sources([self._sources_file(ctx, unit) for unit in range(ctx.parts)], target)
 
     def place(self, ctx: StageContext, shard_index: int, rows: Iterable[Row]) -> Iterator[Entry]:
         rows = list(rows)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from elastic_sharding.errors import RecipeError
 
 Row = tuple[bytes, dict]  # a row's line as read, and the row parsed
@@ -77,6 +79,12 @@ class GlobalOp:
         """A reordering operator: where each row of one shard goes, and its rank there."""
         raise NotImplementedError
 
+    def sources(self, ctx: StageContext, target: int) -> list[int]:
+        """The shards whose `place` units give shard `target` rows: the only placements its keep
+        unit opens. Every shard unless the operator knows better (each reordering operator does:
+        its `buckets` units write the lists, `files.write_sources`)."""
+        return list(range(ctx.num_shards))
+
     def gather(self, ctx: StageContext, target: int, entries: Iterator[tuple[int, int, bytes]]) -> Iterator[bytes]:
         """The next segment's lines of shard `target` from its placed entries in rank order."""
         return (line for _major, _minor, line in entries)
@@ -91,3 +99,19 @@ PARTS = -1
 def rank_target(rank: int, total: int, num_shards: int) -> int:
     """Output rank r of `total` goes to shard r * shards // total: the next segment's shards even."""
     return rank * num_shards // max(total, 1)
+
+
+def rank_targets(ranks: np.ndarray, total: int, num_shards: int) -> np.ndarray:
+    """`rank_target` of each rank of an array."""
+    return np.asarray(ranks, dtype=np.int64) * num_shards // max(total, 1)
+
+
+def span_targets(start: int, stop: int, total: int, num_shards: int) -> np.ndarray:
+    """The distinct shards that output ranks start..stop-1 go to, ascending, without one entry
+    per rank: where there are at least as many ranks as shards, consecutive ranks go to the same
+    or the next shard, so the shards are a range; otherwise the ranks are fewer than the shards."""
+    if stop <= start:
+        return np.empty(0, dtype=np.int64)
+    if total >= num_shards:
+        return np.arange(rank_target(start, total, num_shards), rank_target(stop - 1, total, num_shards) + 1, dtype=np.int64)
+    return np.unique(rank_targets(np.arange(start, stop), total, num_shards))

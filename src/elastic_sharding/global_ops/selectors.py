@@ -2,8 +2,9 @@
 
 - `topk_specified_field_selector` keeps the first `int(select_num)` rows of `heapq.nlargest`
   (`reverse`) or `nsmallest` over row positions: ordered by value, ties by position. A row's rank
-  in that order is counted exactly from every shard's sorted values (`keys`), so the `place` unit
-  of a shard knows which of its rows are kept and where each goes.
+  in that order is counted exactly from every shard's sorted values (`keys`): each `buckets` unit
+  merges one range of global ranks out of all of them and ranks its rows, so the `place` unit of
+  a shard reads its kept rows and their ranks from one slice per partition, not every column.
 - `range_specified_field_selector` keeps the first `upper` rows in ascending order, then of those
   the first `upper - lower` in descending order (ties by position each time): the ascending cut's
   largest value is a global order statistic (Step 14's `analysis.select.kth`), the rest counts.
@@ -31,11 +32,24 @@ import orjson
 from elastic_sharding.analysis import select
 from elastic_sharding.dedup import arrays
 from elastic_sharding.global_ops import files
-from elastic_sharding.global_ops.operators import Entry, GlobalOp, Row, StageContext, rank_target
+from elastic_sharding.global_ops.operators import (
+    Entry,
+    GlobalOp,
+    Row,
+    StageContext,
+    rank_target,
+    rank_targets,
+    span_targets,
+)
 
 EXACT_INT = 1 << 53
 RANDOM_SEED = 42  # data_juicer.utils.sample.random_sample's seed when none is given (random_selector gives none)
 DRAWN = np.dtype([("row", "<i8"), ("rank", "<i8")])
+# A ranking selector's buckets unit merges this many rows' values (about 100 bytes a row while it
+# ranks them: 200 MB), and there are at most so many units.
+RANKED_PER_UNIT = 1 << 21
+MAX_RANK_UNITS = 4096
+RANKED = np.dtype([("sorted", "<i8"), ("rank", "<i8")])  # a kept row: its index in its shard's sorted column, its rank
 
 
 class FieldSelector(GlobalOp):
@@ -77,6 +91,11 @@ class RankSelector(FieldSelector):
     has_keys = True
     reorders = True
 
+    def reduce_count(self, ctx: StageContext) -> int:
+        """One `buckets` unit per `RANKED_PER_UNIT` rows: each place unit reads one slice per
+        unit, so they are as few as a unit's memory allows, not one per partition of the keys."""
+        return min(MAX_RANK_UNITS, max(1, math.ceil(ctx.total_rows / RANKED_PER_UNIT)))
+
     def number(self, row: dict, where: str) -> float:
         from data_juicer.utils.common_utils import stats_to_number
 
@@ -112,20 +131,76 @@ class RankSelector(FieldSelector):
     def _rows(self, ctx: StageContext, shard_index: int) -> Path:
         return ctx.shard_file("sorted", shard_index, ".rows.npy")
 
+    def _ranks_file(self, ctx: StageContext, unit: int) -> Path:
+        return ctx.data("ranks", f"{unit:05d}.rec")
+
+    def _sources_file(self, ctx: StageContext, unit: int) -> Path:
+        return ctx.data("sources", f"{unit:05d}.rec")
+
+    def _active(self, ctx: StageContext) -> tuple[int, int] | None:
+        """The selection, or None where every row stays where it is."""
+        return None if self.identity(ctx) else self._selection(ctx.total_rows)
+
+    def reduce(self, ctx: StageContext, unit: int) -> int:
+        """Partition `unit` of the rows in ascending (value, position) order: global ranks
+        unit * N // units up to the next unit's, cut out of every shard's sorted column (each
+        column's slice found by binary searches, the memory-mapped pages those touch) and merged.
+        The rank of a row in that order, and the numbers of values below and up to its value
+        (counted in the partition, and over every column only for the values at its two ends),
+        give its rank in the operator's output. Written: the kept rows of the partition as
+        (index in their shard's sorted column, output rank), partitioned by their shard, for the
+        place units; and which shards give which shard rows, for the keep units. So a place unit
+        reads one slice per partition rather than every shard's column."""
+        selection = self._active(ctx)
+        kept = np.empty(0, dtype=RANKED)
+        shards = targets = np.empty(0, dtype=np.int64)
+        if selection is not None:
+            columns = [np.asarray(files.read_npy(self._values(ctx, s))) for s in range(ctx.num_shards)]
+            total = sum(len(c) for c in columns)
+            units = self.reduce_count(ctx)
+            first, last = unit * total // units, (unit + 1) * total // units
+            low, high = _split(columns, first, total), _split(columns, last, total)
+            values = np.concatenate([c[lo:hi] for c, lo, hi in zip(columns, low.tolist(), high.tolist())] or [np.empty(0)])
+            shard = np.repeat(np.arange(ctx.num_shards, dtype=np.int64), high - low)
+            index = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in zip(low.tolist(), high.tolist())] or [shard])
+            order = np.argsort(values, kind="stable")  # concatenated in (shard, row) order: ties stay in dataset order
+            values, shard, index = values[order], shard[order], index[order]
+            below = first + np.searchsorted(values, values, side="left")
+            upto = first + np.searchsorted(values, values, side="right")
+            if len(values):
+                below[values == values[0]] = select.count_below(columns, float(values[0]), side="left")
+                upto[values == values[-1]] = select.count_below(columns, float(values[-1]), side="right")
+            order_rank = first + np.arange(len(values), dtype=np.int64)
+            rank, keep = self._ranks(columns, values, order_rank - below, below, upto, total, selection)
+            kept = np.empty(int(keep.sum()), dtype=RANKED)
+            kept["sorted"], kept["rank"] = index[keep], rank[keep]
+            shards = shard[keep]
+            targets = rank_targets(kept["rank"], self._count(selection), ctx.num_shards)
+        files.write_records(self._ranks_file(ctx, unit), kept, shards, ctx.num_shards)
+        files.write_sources(self._sources_file(ctx, unit), shards, targets, ctx.num_shards)
+        return len(kept)
+
     def place(self, ctx: StageContext, shard_index: int, rows: Iterable[Row]) -> Iterator[Entry]:
-        total = ctx.total_rows
-        selection = self._selection(total) if not self.identity(ctx) else None
+        selection = self._active(ctx)
         if selection is None:
             yield from self.unchanged(shard_index, rows)
             return
-        columns = [np.asarray(files.read_npy(self._values(ctx, t))) for t in range(ctx.num_shards)]
-        ranks, kept = self._ranks(columns, shard_index, selection)
-        kept_rows = dict(zip(files.read_npy(self._rows(ctx, shard_index), mmap=False)[kept].tolist(), ranks[kept].tolist()))
-        count = self._count(columns, selection)
+        ranked = np.concatenate(
+            [arrays.read(self._ranks_file(ctx, unit), shard_index) for unit in range(self.reduce_count(ctx))]
+            or [np.empty(0, dtype=RANKED)]
+        )
+        in_order = files.read_npy(self._rows(ctx, shard_index), mmap=False)
+        kept_rows = dict(zip(in_order[ranked["sorted"]].tolist(), ranked["rank"].tolist()))
+        count = self._count(selection)
         for row, (line, _parsed) in enumerate(rows):
             rank = kept_rows.get(row)
             if rank is not None:
                 yield rank_target(rank, count, ctx.num_shards), rank, 0, line
+
+    def sources(self, ctx: StageContext, target: int) -> list[int]:
+        if self._active(ctx) is None:
+            return [target] if ctx.shard_rows[target] else []
+        return files.read_sources([self._sources_file(ctx, unit) for unit in range(self.reduce_count(ctx))], target)
 
     def _selection(self, total: int) -> tuple[int, int] | None:
         """(rows of the ascending cut, rows kept of it) or None when nothing is selected away."""
@@ -154,35 +229,53 @@ class RankSelector(FieldSelector):
         upper = max(lower, upper)
         return max(0, min(int(upper), total)), max(0, int(upper - lower))
 
-    def _count(self, columns: list[np.ndarray], selection: tuple[int, int]) -> int:
+    @staticmethod
+    def _count(selection: tuple[int, int]) -> int:
+        """How many rows the operator outputs."""
         cut, keep = selection
         return min(keep, cut)
 
-    def _ranks(self, columns: list[np.ndarray], shard_index: int, selection: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """Each of this shard's rows (in sorted order): its rank in the operator's output order,
-        and whether it is kept."""
-        own = columns[shard_index]
-        below = sum((np.searchsorted(c, own, side="left") for c in columns), np.zeros(len(own), dtype=np.int64))
-        upto = sum((np.searchsorted(c, own, side="right") for c in columns), np.zeros(len(own), dtype=np.int64))
-        earlier = columns[:shard_index]
-        ties_before = sum(
-            (np.searchsorted(c, own, side="right") - np.searchsorted(c, own, side="left") for c in earlier),
-            np.zeros(len(own), dtype=np.int64),
-        ) + (np.arange(len(own)) - np.searchsorted(own, own, side="left"))
-        total = sum(len(c) for c in columns)
+    def _ranks(
+        self,
+        columns: list[np.ndarray],
+        values: np.ndarray,
+        ties_before: np.ndarray,
+        below: np.ndarray,
+        upto: np.ndarray,
+        total: int,
+        selection: tuple[int, int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows with these values (ascending), these numbers of equal values before them in
+        dataset order, and these numbers of values below and up to theirs over the whole
+        dataset: the rank of each in the operator's output order, and whether it is kept."""
         cut, keep = selection
         if self.name == "topk_specified_field_selector":
             rank = (total - upto if self.op.reverse else below) + ties_before
             return rank, rank < min(keep, cut)
         if cut == 0:
-            return ties_before, np.zeros(len(own), dtype=bool)
+            return ties_before, np.zeros(len(values), dtype=bool)
         largest = select.kth(columns, cut - 1)
-        ties_in_cut = cut - select.count_below(columns, largest, side="left")
-        smaller = own < largest
-        between = select.count_below(columns, largest, side="left") - upto
-        rank = np.where(smaller, between + ties_in_cut + ties_before, ties_before)
-        in_cut = smaller | ((own == largest) & (ties_before < ties_in_cut))
+        lower = select.count_below(columns, largest, side="left")
+        ties_in_cut = cut - lower
+        smaller = values < largest
+        rank = np.where(smaller, lower - upto + ties_in_cut + ties_before, ties_before)
+        in_cut = smaller | ((values == largest) & (ties_before < ties_in_cut))
         return rank, in_cut & (rank < keep)
+
+
+def _split(columns: list[np.ndarray], rank: int, total: int) -> np.ndarray:
+    """Where global rank `rank` of the ascending (value, position) order cuts each sorted column:
+    how many of each column's values come before it. Ties of the value at that rank are taken
+    shard by shard, as positions order them."""
+    if rank <= 0:
+        return np.zeros(len(columns), dtype=np.int64)
+    if rank >= total:
+        return np.array([len(c) for c in columns], dtype=np.int64)
+    value = select.kth(columns, rank)
+    below = np.array([np.searchsorted(c, value, side="left") for c in columns], dtype=np.int64)
+    equal = np.array([np.searchsorted(c, value, side="right") for c in columns], dtype=np.int64) - below
+    wanted = rank - int(below.sum())
+    return below + np.clip(wanted - (np.cumsum(equal) - equal), 0, equal)
 
 
 class FrequencySelector(FieldSelector):
@@ -220,12 +313,20 @@ class FrequencySelector(FieldSelector):
             for value, n in sorted(merged.items(), key=lambda item: item[1], reverse=bool(op.reverse))[: int(select_num)]:
                 starts[value] = kept
                 kept += n
+        sources: list[np.ndarray] = []
+        targets: list[np.ndarray] = []
         for s, pairs in enumerate(shards):
             plan = {"identity": select_num is None, "kept": kept, "starts": [[v, starts[v]] for v, _n in pairs if v in starts]}
             files.write_json(ctx.shard_file("plan", s, ".json"), plan)
+            reached = [np.array([s])] if select_num is None and ctx.shard_rows[s] else []
             for value, n in pairs:
                 if value in starts:
+                    reached.append(span_targets(starts[value], starts[value] + n, kept, ctx.num_shards))
                     starts[value] += n
+            mine = np.unique(np.concatenate(reached)) if reached else np.empty(0, dtype=np.int64)
+            sources.append(np.full(len(mine), s, dtype=np.int64))
+            targets.append(mine)
+        files.write_sources(ctx.data("sources.rec"), np.concatenate(sources), np.concatenate(targets), ctx.num_shards)
         return kept
 
     def place(self, ctx: StageContext, shard_index: int, rows: Iterable[Row]) -> Iterator[Entry]:
@@ -240,6 +341,9 @@ class FrequencySelector(FieldSelector):
                 rank = starts[value]
                 starts[value] = rank + 1
                 yield rank_target(rank, plan["kept"], ctx.num_shards), rank, 0, line
+
+    def sources(self, ctx: StageContext, target: int) -> list[int]:
+        return files.read_sources([ctx.data("sources.rec")], target)
 
 
 class TagsSelector(FieldSelector):
@@ -270,6 +374,11 @@ class RandomSelector(GlobalOp):
             drawn["rank"] = np.arange(count)
             order = np.lexsort((drawn["rank"], drawn["row"], parts))
             drawn, parts = drawn[order], parts[order]
+            targets = rank_targets(drawn["rank"], count, ctx.num_shards)
+            files.write_sources(ctx.data("sources.rec"), parts, targets, ctx.num_shards)
+        else:
+            placing = np.flatnonzero(np.asarray(ctx.shard_rows, dtype=np.int64) > 0)
+            files.write_sources(ctx.data("sources.rec"), placing, placing, ctx.num_shards)
         files.write_records(ctx.data("drawn.rec"), drawn, parts, ctx.num_shards)
         files.write_json(ctx.data("drawn.json"), {"identity": count is None, "count": count or 0})
         return count or 0
@@ -303,3 +412,6 @@ class RandomSelector(GlobalOp):
                 rank = int(drawn["rank"][at])
                 yield rank_target(rank, plan["count"], ctx.num_shards), rank, 0, line
                 at += 1
+
+    def sources(self, ctx: StageContext, target: int) -> list[int]:
+        return files.read_sources([ctx.data("sources.rec")], target)
