@@ -38,6 +38,8 @@ REFRESH_POLLS = 15
 # Shards per done-block marker (`JobLayout.done_block`): the first worker whose full pass finds every
 # claim of a block done publishes it; the others then skip that block's claims with one read.
 DONE_BLOCK = 64
+# How far at most a worker that lost a claim race jumps ahead (`_claim_past_frontier`).
+MAX_JUMP = 64
 
 
 def first_unclaimed(start: int, count: int, claimed: Callable[[int], bool], guess: int = 1) -> int | None:
@@ -225,9 +227,14 @@ class ShardScanner:
 
     def _claim_past_frontier(self) -> Claim | None:
         """Gallop past the frontier to the first shard without a claim (the claimed ones past it
-        are a prefix), and claim it; a lost race moves on."""
+        are a prefix), and claim it. A lost race means other workers are searching right now and
+        found the same shard: they would all race again for the next one (k racers: k²/2 lost
+        publishes, each a written, synced and removed temporary file; 10 a shard at 32 nodes on a
+        loaded machine, issue 44). So a loser jumps a random distance ahead, twice as far at each
+        loss in a row; the shards it jumps over are the other racers' (or the full pass's)."""
         count = len(self.shard_ids)
         low = max(self._frontier, self._first)
+        spread = 1
         while low < count:
             found = first_unclaimed(low, count, self._probe, self._gap)
             if found is None:
@@ -244,6 +251,8 @@ class ShardScanner:
             claim = self.claims.try_claim(shard_id)
             if claim is not None:
                 return claim
+            spread = min(2 * spread, MAX_JUMP)
+            low += random.randrange(spread)
         self._frontier = count
         return None
 
@@ -363,8 +372,10 @@ class ShardScanner:
             return
         if all(self.terminal.get(shard_id) == ClaimStatus.DONE for shard_id in ids):
             self._done_blocks.add(block)
+            marker = self.layout.done_block(block)
             with contextlib.suppress(OSError):  # a hint: the next full pass reads the claims instead
-                fsops.publish_once(self.layout.done_block(block), f"{ids[0]} {ids[-1]}\n".encode())
+                if not confined.lexists(marker):  # a lookup, not a written and removed temporary file
+                    fsops.publish_once(marker, f"{ids[0]} {ids[-1]}\n".encode())
 
     def _running_claim(self, shard_id: str) -> ClaimRecord | None:
         """The shard's claim, read again only if its file changed since this process last read it
