@@ -109,8 +109,11 @@ def kept_rows(tmp_path: Path) -> list[dict]:
 
 @pytest.mark.parametrize(
     ("operator", "point"),
-    [pytest.param(op, p, marks=exhaustive_only if p.endswith("-done") else (), id=f"{op[0]}-{p}") for op, p in KILLED],
-)  # CI: before each phase's work; the exhaustive suite also after it
+    [
+        pytest.param(op, p, marks=exhaustive_only if p.endswith("-done") or op is RANKING else (), id=f"{op[0]}-{p}")
+        for op, p in KILLED
+    ],
+)  # CI: the grouper before each phase's work; the exhaustive suite also after it, and the ranking selector
 def test_a_participant_killed_at_each_crash_point_is_taken_over(tmp_path, corpus, operator, point):
     spec, root = prepare_stage(tmp_path, corpus, operator)
     ((code, _),) = finish([start(spec, crash_at=point)])
