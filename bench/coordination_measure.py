@@ -55,6 +55,7 @@ FSOPS_SLOTS = (1, 3)  # 8 and 32 nodes
 CLUSTER_SLOTS = {"coordination_cluster_16": 2, "coordination_cluster_32": 3}
 IDLE_SLOT = 3
 MAKESPAN_TARGET, FSOPS_TARGET, IDLE_TARGET_OPS = "1.10", "1.3", 200.0
+TAIL_SETTLE_SECS = 60.0  # after the tail job's last completion, before its idle window
 DATA_FOPS = frozenset({"READ", "WRITE"})  # every other fop counts as a metadata operation
 MB = 1 << 20
 
@@ -486,7 +487,9 @@ def run_idle(
                         b.timeout,
                         others,
                     )
-                time.sleep(max(2 * cs.poll, 3.0))  # every idle worker past its first scan
+                # Every idle worker past its first scan; at the tail, also past the pass that
+                # learns every other shard is done (once per worker at the job's end, not idling).
+                time.sleep(max(2 * cs.poll, 3.0) + (TAIL_SETTLE_SECS if variant == "tail" else 0.0))
                 window = _measure_window(profile, cs.idle_window, [fleet, others])
                 memory = cluster_memory(cluster)
             finally:
