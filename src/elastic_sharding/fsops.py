@@ -6,8 +6,9 @@ fsync. Correctness never depends on fcntl/flock: on NFSv3 with `nolock`/`local_l
 node-local. Readers of just-published records must tolerate attribute caches, so `read_record`
 retries a read that comes back empty or unparsable instead of treating it as "free".
 
-Everything here opens, lists and creates through `confined`, so no coordination step ever goes
-through a link planted in the job directory.
+Every name here is opened, listed, created, linked, renamed and synced through `confined`, so no
+coordination step ever goes through a link planted in the job directory, and a worker's steps go
+relative to the job directories it holds open.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _mkdir_or_found(directory: Path, is_dir: Callable[[Path], bool]) -> bool:
     attempt = 0
     while attempt < MKDIR_VISIBLE_TRIES:
         try:
-            os.mkdir(directory, confined.DIR_MODE)
+            confined.mkdir(directory)
             return True
         except FileExistsError:
             if is_dir(directory):
@@ -189,18 +190,7 @@ def probe_create(target: Path, create_once: bool = False) -> None:
         os.unlink(tmp)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a directory entry change durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+fsync_dir = confined.fsync_dir
 
 
 def _create_temp(target: Path) -> tuple[Path, int]:
@@ -212,10 +202,10 @@ def _create_temp(target: Path) -> tuple[Path, int]:
         tmp = _temp_name(target)
         try:
             with reported_as(target, "creating a temporary file for it", tmp):
-                return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, confined.FILE_MODE)
+                return tmp, confined.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                confined.unlink(tmp)
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
@@ -234,7 +224,7 @@ def _write_temp(target: Path, data: bytes, durable: bool = True) -> Path:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            confined.unlink(tmp)
         raise
     os.close(fd)
     return tmp
@@ -244,7 +234,7 @@ def _link_once(tmp: Path, target: Path) -> bool:
     """link(tmp, target); True if this call created target. Unlinks tmp either way."""
     try:
         try:
-            os.link(tmp, target)
+            confined.link(tmp, target)
             return True
         except FileExistsError:
             return False
@@ -252,7 +242,7 @@ def _link_once(tmp: Path, target: Path) -> bool:
             # NFS may report an error for a link that a retransmitted request did create:
             # the temp file's link count says what really happened.
             try:
-                if os.stat(tmp).st_nlink == 2:
+                if confined.lstat(tmp).st_nlink == 2:
                     return True
             except OSError:
                 pass
@@ -260,7 +250,7 @@ def _link_once(tmp: Path, target: Path) -> bool:
                 raise exc
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            confined.unlink(tmp)
 
 
 def publish_once(target: Path, data: bytes) -> bool:
@@ -283,10 +273,10 @@ def replace_atomic(target: Path, data: bytes, durable: bool = True) -> None:
     tmp = _write_temp(target, data, durable)
     try:
         with reported_as(target, "rename() of its temporary file", tmp):
-            os.replace(tmp, target)
+            confined.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            confined.unlink(tmp)
         raise
     if durable:
         fsync_dir(target.parent)
@@ -295,7 +285,7 @@ def replace_atomic(target: Path, data: bytes, durable: bool = True) -> None:
 def rename_away(source: Path, destination: Path) -> bool:
     """Move `source` to a fresh `destination`; False if `source` is already gone."""
     try:
-        os.rename(source, destination)
+        confined.rename(source, destination)
     except FileNotFoundError:
         return False
     fsync_dir(source.parent)
@@ -305,11 +295,11 @@ def rename_away(source: Path, destination: Path) -> bool:
 def link_back(source: Path, target: Path) -> bool:
     """Put a record moved away by mistake back, unless a new one took its name meanwhile."""
     try:
-        os.link(source, target)
+        confined.link(source, target)
     except FileExistsError:
         return False
     with contextlib.suppress(OSError):
-        os.unlink(source)
+        confined.unlink(source)
     fsync_dir(target.parent)
     return True
 
@@ -317,7 +307,7 @@ def link_back(source: Path, target: Path) -> bool:
 def make_dir_exclusive(path: Path) -> bool:
     """mkdir that fails on an existing name: True if this call created it."""
     try:
-        os.mkdir(path, confined.DIR_MODE)
+        confined.mkdir(path)
     except FileExistsError:
         return False
     fsync_dir(path.parent)
@@ -332,7 +322,7 @@ def make_unique_dir(path: Path) -> bool:
     if make_dir_exclusive(path):
         return True
     try:
-        st = os.lstat(path)
+        st = confined.lstat(path)
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
@@ -424,7 +414,7 @@ class AtomicOutput:
         self._done = True
         if self.replace:
             with reported_as(self.target, "rename() of its temporary file", self.tmp):
-                os.replace(self.tmp, self.target)
+                confined.replace(self.tmp, self.target)
             created = True
         else:
             created = _link_once(self.tmp, self.target)
@@ -439,7 +429,7 @@ class AtomicOutput:
         with contextlib.suppress(OSError):
             self.file.close()
         with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
+            confined.unlink(self.tmp)
 
 
 @contextlib.contextmanager

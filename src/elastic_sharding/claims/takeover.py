@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -204,7 +203,7 @@ class ShardScanner:
     def _claims_signature(self) -> tuple[int, ...] | None:
         """The claims directory's attributes: any claim made, rewritten or moved away changes them."""
         try:
-            st = os.lstat(self.layout.locks_dir)
+            st = confined.lstat(self.layout.locks_dir)
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_nlink)
@@ -384,7 +383,7 @@ class ShardScanner:
         record; a full pass at the tail of a job, where every completion changes `state/locks/`
         and every idle worker passes again, then costs a stat per running claim."""
         try:
-            st = os.lstat(self.layout.lock(shard_id))
+            st = confined.lstat(self.layout.lock(shard_id))
         except FileNotFoundError:
             self._claim_files.pop(shard_id, None)
             return None

@@ -71,4 +71,7 @@ class AttemptRecipes:
         config.setdefault("skip_op_error", False)
         config.pop("export_type", None)
         config["export_shard_size"] = 0
-        fsops.replace_atomic(ctx.recipe_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode())
+        # Read only by this attempt's engine, on this node, right after: nothing to make durable
+        # (a crash ends the attempt, and the next one writes its own): two syncs a shard fewer.
+        recipe = yaml.safe_dump(config, sort_keys=False, allow_unicode=True).encode()
+        fsops.replace_atomic(ctx.recipe_path, recipe, durable=False)

@@ -16,6 +16,7 @@ over is `claims.takeover`, one attempt is `attempt.py`, claiming the next one ea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -74,6 +75,7 @@ class Worker(AttemptSteps, ClaimAhead):
         self.settings = with_overrides(self.job_manifest.request.settings, options)
         self.host = socket.gethostname()
         self.health = NodeHealth(self.job_layout)
+        self._anchors: contextlib.ExitStack | None = None  # while `run` runs: see `_anchor_segment`
         self._enter_segment(self.segments[0], self.job_manifest)
         self.next_stage: StageWork | AnalysisWork | None = None
         self.runner = runner or get_runner(options.runner, self._node_runtime())
@@ -122,11 +124,23 @@ class Worker(AttemptSteps, ClaimAhead):
             refresh_secs=self.settings.poll_interval_secs * REFRESH_POLLS,
         )
         self.backups = BackupPolicy(self.claims, self.scanner, manifest, self.settings)
+        if self._anchors is not None:
+            self._anchor_segment()
+
+    def _anchor_segment(self) -> None:
+        """Hold the job's and the segment's directories open while claiming in it: each claim,
+        record and attempt file is then reached relative to one of them, a NAS lookup of its
+        name alone instead of one of every directory on its path (`confined.anchored`)."""
+        assert self._anchors is not None
+        self._anchors.close()
+        self._anchors.enter_context(confined.anchored((self.job_layout.root, *self.layout.skeleton)))
 
     # -- the segments ---------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
+            self._anchors = contextlib.ExitStack()
+            self._anchor_segment()
             return self._run_segments()
         finally:
             try:
@@ -134,6 +148,8 @@ class Worker(AttemptSteps, ClaimAhead):
                 self.runner.close()
             finally:
                 self._remove_raw_leftovers()
+                if self._anchors is not None:
+                    self._anchors.close()
 
     def _run_segments(self) -> int:
         check_node(self.job_layout, self.job_manifest, self.options.allow_version_mismatch)
