@@ -17,6 +17,11 @@ ahead and it is processed while the current one is collected and published, as i
 (`OverlappingRunner`); without it, the claim, collect and publish of each shard come between two
 shards' work, as with the process runner.
 
+With `ES_BENCH_COUNT_CALLS=DIR` in its environment the worker counts the filesystem calls it makes
+on names in the job directory, by call, by the directory they name (`state/locks`, `attempts`, ...)
+and by outcome, and writes them to `DIR/<host>-<pid>.json` when it exits: what a shard costs the
+filesystem, attributed (issue 44's lookups).
+
 Usage: passthrough_worker.py JOB_DIR [--lock-timeout-secs S] [--poll-interval-secs S] [--sleep S] [--overlap]
        [--max-shards N] [--backup-after F] [--ready-file PATH --go-file PATH]
 """
@@ -24,8 +29,13 @@ Usage: passthrough_worker.py JOB_DIR [--lock-timeout-secs S] [--poll-interval-se
 from __future__ import annotations
 
 import argparse
+import atexit
+import collections
+import json
+import os
 import queue
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -119,6 +129,74 @@ class OverlappingRunner(PassthroughRunner):
         self._queue.put(None)
 
 
+HELPERS = ("elastic_sharding.confined", "elastic_sharding.fsops")
+COUNTED_CALLS = ("open", "stat", "link", "unlink", "rename", "replace", "mkdir", "rmdir", "scandir", "fsync")
+
+
+def count_calls(job_dir: Path, out_dir: Path) -> None:
+    """Wrap the os calls the tool makes so that each one on a name in `job_dir` is counted."""
+    root = str(job_dir.resolve())
+    counts: collections.Counter[str] = collections.Counter()
+
+    def where(name: object, dir_fd: int | None) -> str | None:
+        if isinstance(name, int):
+            name, dir_fd = "", name
+        if dir_fd is not None:
+            try:
+                name = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), str(name))
+            except OSError:
+                return None
+        text = os.path.normpath(os.fspath(name)) if name != "" else ""
+        if not text.startswith(root + "/"):
+            return None
+        parts = text[len(root) + 1 :].split("/")
+        top = parts[0]
+        if top in ("state", "stages") and len(parts) > 2:
+            return "/".join(parts[:2])
+        return top if len(parts) > 1 else f"{top} (itself)" if parts[0] else "job (itself)"
+
+    def caller() -> str:
+        """The tool's functions that made the call, below the filesystem helpers (with ES_BENCH_COUNT_CALLERS)."""
+        if not by_caller:
+            return ""
+        frame, names = sys._getframe(2), []
+        while frame is not None and len(names) < 3:
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith("elastic_sharding.") and module not in HELPERS:
+                names.append(f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}")
+            frame = frame.f_back
+        return " <- " + " < ".join(names)
+
+    by_caller = bool(os.environ.get("ES_BENCH_COUNT_CALLERS"))
+
+    def wrap(call_name: str) -> None:
+        real = getattr(os, call_name)
+
+        def counted(*args, **kwargs):
+            fd = kwargs.get("dir_fd", kwargs.get("src_dir_fd"))
+            place = where(args[0], fd) if args else None
+            try:
+                result = real(*args, **kwargs)
+            except OSError as exc:
+                if place is not None:
+                    counts[f"{call_name} {place} {exc.__class__.__name__}{caller()}"] += 1
+                raise
+            if place is not None:
+                counts[f"{call_name} {place} ok{caller()}"] += 1
+            return result
+
+        setattr(os, call_name, counted)
+
+    for call_name in COUNTED_CALLS:
+        wrap(call_name)
+
+    def dump() -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{socket.gethostname()}-{os.getpid()}.json").write_text(json.dumps(dict(counts)))
+
+    atexit.register(dump)
+
+
 def _line_up(ready: Path | None, go: Path | None) -> None:
     """Say this worker is started, then wait for the bench to start them all at once."""
     if ready is not None:
@@ -151,6 +229,8 @@ def main() -> int:
         backup_after=args.backup_after,
         max_shards=args.max_shards,
     )
+    if os.environ.get("ES_BENCH_COUNT_CALLS"):
+        count_calls(args.job_dir, Path(os.environ["ES_BENCH_COUNT_CALLS"]))
     _line_up(args.ready_file, args.go_file)
     runner = OverlappingRunner(args.sleep) if args.overlap else PassthroughRunner(args.sleep)
     return run_worker(args.job_dir, options, runner)
