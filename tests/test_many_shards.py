@@ -244,6 +244,33 @@ def test_an_idle_worker_polls_with_one_stat_and_sees_every_change(tmp_path, monk
     assert worker.scanner.all_terminal()
 
 
+def test_workers_passing_over_a_finished_job_together_start_at_different_blocks(tmp_path):
+    """At the end of a job every worker runs out of work at once and passes over every claim to
+    learn that it is done; in manifest order they read the same blocks at the same time, before any
+    of them publishes a done-block marker (nodes x shards reads, issue 44). A pass visits the blocks
+    wholly behind its frontier in a random order, each shard exactly once, and the rest in order."""
+    job = _prepare(tmp_path, 700)
+    layout = JobLayout(job)
+    ids = [spec.shard_id for spec in layout.load_manifest().shards]
+    claims = Claims(layout, "other-host", 1)
+    for shard_id in ids:
+        claims.finish(claims.try_claim(shard_id), ClaimStatus.DONE)
+    orders = []
+    for k in range(8):
+        scanner = ShardScanner(layout, ids, Claims(layout, f"node{k}", 1), 600.0, 1, lambda shard: None)
+        scanner._first, scanner._frontier = 70, 650  # blocks 1 to 9 are wholly behind the frontier
+        order = list(scanner._pass_order())
+        assert sorted(order) == list(range(70, 700)), "every shard from the first non-terminal one, once"
+        assert order[-60:] == list(range(640, 700)), "past the last whole block, in order"
+        orders.append(order)
+    assert len({order[0] for order in orders}) > 1, "the passes start at different blocks"
+    assert all(order[0] % 64 == 0 or order[0] == 70 for order in orders)
+    scanner = ShardScanner(layout, ids, Claims(layout, "late", 1), 600.0, 1, lambda shard: None)
+    scanner._frontier = len(ids)  # it found nothing left past its frontier: the end-of-job pass
+    assert scanner.next_claim() == (None, [])
+    assert scanner.all_terminal() and scanner._first == len(ids), "the next pass starts past every terminal shard"
+
+
 @pytest.mark.parametrize("point", ["prepare-write@2", "prepare-write-done@1"])
 def test_a_write_unit_of_several_shards_is_taken_over_whole(tmp_path, point):
     """Tiny shards share write units; a participant killed inside one (before its work, or after

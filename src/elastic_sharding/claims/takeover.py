@@ -14,7 +14,8 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import chain
 
 from elastic_sharding import confined, fsops
 from elastic_sharding.claims.heartbeat import read_claim_heartbeat
@@ -287,7 +288,7 @@ class ShardScanner:
         self._signature = self._claims_signature()
         self.running_seen = 0
         self.running = {}
-        for at in range(self._first, len(self.shard_ids)):
+        for at in self._pass_order():
             shard_id = self.shard_ids[at]
             self.position = at
             self._frontier = max(self._frontier, at)
@@ -344,7 +345,28 @@ class ShardScanner:
                 if claim is not None:
                     return self._within_retry_limit(claim)
         self._frontier = len(self.shard_ids)
+        while self._first < len(self.shard_ids) and self.shard_ids[self._first] in self.terminal:
+            self._first += 1  # blocks visited out of order: the next pass starts past every terminal one
         return None, self.failed()
+
+    def _pass_order(self) -> Iterable[int]:
+        """The shards a full pass visits: from the first non-terminal one to the end of the manifest,
+        the blocks wholly behind the frontier in a random order. A pass must learn that each shard
+        behind it is done, one read each unless a done-block marker spares a whole block. Workers
+        that run out of work together (at the end of a job) would otherwise pass in step, each
+        reading every claim before any of them publishes a marker: nodes x shards reads in a job,
+        the largest of the reads per shard that grew with the node count at 32 nodes (issue 44).
+        In random orders, a block is mostly read by one worker while the others are elsewhere, and
+        they skip it by its marker when they get there. A hole behind the frontier may be claimed
+        before an earlier one: any order is correct."""
+        first, count = self._first, len(self.shard_ids)
+        first_block, whole = first // DONE_BLOCK, min(self._frontier, count) // DONE_BLOCK
+        if whole - first_block < 2:
+            return range(first, count)
+        blocks = list(range(first_block, whole))
+        random.shuffle(blocks)
+        behind = (range(max(block * DONE_BLOCK, first), (block + 1) * DONE_BLOCK) for block in blocks)
+        return chain(*behind, range(whole * DONE_BLOCK, count))
 
     def _block_ids(self, block: int) -> list[str]:
         return self.shard_ids[block * DONE_BLOCK : (block + 1) * DONE_BLOCK]
@@ -402,28 +424,25 @@ class ShardScanner:
         """Fewer unclaimed shards than busy workers, from where the last pass claimed on: a
         shard claimed ahead now would wait for this worker while another one goes idle. Never
         lists a directory: far from the end of the manifest it reads nothing (a worker holds at
-        most two claims, so there are more shards left than busy workers could hold); near it,
-        it reads the claims that are left, at most `TAIL_WINDOW` plus two per running claim.
-        The busy workers behind that point are those the full pass counted, or the other workers
-        seen holding a claim within the last `watch` seconds, whichever is more."""
+        most two claims, so there are more shards left than busy workers could hold); near it
+        (within `TAIL_WINDOW` plus two per busy worker), it finds the first unclaimed shard by
+        galloping, O(log) reads: claims are made in order, so what is left past it is unclaimed,
+        and the claims between are busy workers' unless already read done (made since this
+        worker's last claim, they mostly still run). Reading every claim left instead cost each
+        claim-ahead decision up to 32 plus two reads per busy worker: (32 + 2 x nodes)² reads a
+        job (issue 44). The busy workers behind that point are those the full pass counted, or
+        the other workers seen holding a claim within the last `watch` seconds, whichever is more."""
         now = time.monotonic()
         owners = sum(1 for seen in self._owners.values() if now - seen < self.watch)
         behind = max(self.running_seen, owners)
-        if len(self.shard_ids) - self.position > TAIL_WINDOW + 2 * behind:
+        count = len(self.shard_ids)
+        if count - self.position > TAIL_WINDOW + 2 * behind:
             return False
-        unclaimed, busy = 0, behind
-        for shard_id in self.shard_ids[self.position :]:
-            if shard_id in self.terminal:
-                continue
-            try:
-                record = read_claim(self.layout, shard_id)
-            except ValueError:
-                continue
-            if record is None:
-                unclaimed += 1
-            elif record.status == ClaimStatus.RUNNING:
-                busy += 1
-        return unclaimed < busy
+        start = min(self.position, count)
+        free = first_unclaimed(start, count, self._probe)
+        free = count if free is None else free
+        claimed = sum(1 for shard_id in self.shard_ids[start:free] if shard_id not in self.terminal)
+        return count - free < behind + claimed
 
     def _stale(self, record: ClaimRecord) -> tuple[bool, Heartbeat | None]:
         """Whether the claim is stale, reading its heartbeat only if the last read of it (for this
