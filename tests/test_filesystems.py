@@ -400,3 +400,22 @@ def test_a_unique_directory_whose_mkdir_was_retried_is_taken_as_made(tmp_path, m
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "attempt-4").symlink_to(tmp_path / "elsewhere")
     assert not fsops.make_unique_dir(tmp_path / "attempt-4")
+    (tmp_path / "attempt-5").write_bytes(b"")
+    assert not fsops.make_unique_dir(tmp_path / "attempt-5")
+
+
+def test_a_unique_directory_that_mkdir_says_exists_before_it_shows_is_made(tmp_path, monkeypatch):
+    """GlusterFS at 32 nodes: mkdir of an attempt directory says EEXIST to its lone creator while
+    the directory does not show (yet); trying again makes it, and the attempt goes on."""
+    real = os.mkdir
+    told = []
+
+    def flaky(path, *args, **kwargs):
+        if not told:
+            told.append(path)
+            raise FileExistsError(17, "File exists", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", flaky)
+    assert fsops.make_unique_dir(tmp_path / "attempt-1")
+    assert told and (tmp_path / "attempt-1").is_dir()

@@ -316,20 +316,18 @@ def make_dir_exclusive(path: Path) -> bool:
 
 def make_unique_dir(path: Path) -> bool:
     """`make_dir_exclusive` for a name nobody else can make (it carries this process's random
-    token): an empty real directory already there was made by this very call, whose reply a NAS
-    client lost and retried (GlusterFS under load at 16 nodes: "attempt directory ... already
-    exists"). False only for a name that holds something else."""
-    if make_dir_exclusive(path):
-        return True
+    token). A NAS client that lost an mkdir reply retries it and reports EEXIST for the directory
+    it made (GlusterFS under load at 16 nodes: "attempt directory ... already exists"), which may
+    show here only a moment later, or not at all until mkdir is tried again (at 32 nodes):
+    `_mkdir_or_found`'s waits and retries. An empty real directory there is then ours. False only
+    for a name that holds something else (a file, a link, a directory with entries) or never shows."""
     try:
-        st = confined.lstat(path)
-    except FileNotFoundError:
+        if not _mkdir_or_found(path, _is_own_dir):
+            with os.scandir(path) as entries:
+                if any(entries):
+                    return False
+    except (FileExistsError, NotADirectoryError, confined.LinkRefused):
         return False
-    if not stat.S_ISDIR(st.st_mode):
-        return False
-    with os.scandir(path) as entries:
-        if any(entries):
-            return False
     fsync_dir(path.parent)
     return True
 
